@@ -1,0 +1,292 @@
+"""Where verified pieces land: a partial file beside DEST, resumable, renamed into place.
+
+``PieceFile`` is the in-process sink of a fetch (``--no-daemon``): every source offers
+pieces here; each is checked against the manifest's SHA-1 before it is written, and
+DEST appears only after the whole file matched the manifest's SHA-256, by an atomic
+rename from a sibling partial file on the same file system. Nothing is ever
+half-written at DEST.
+
+Resume: a small state file records which pieces were written. It is only a hint: after
+a crash the claimed pieces are hashed again before they count, because the state file
+may be newer than the data that reached the disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from swarm.errors import IntegrityError, NoSpaceError, SwarmError, UsageError
+from swarm.manifest import Manifest
+
+STATE_SAVE_INTERVAL = 1.0
+"""Seconds between state-file saves; losing at most this much progress on kill -9."""
+
+READ_CHUNK = 4 << 20
+
+
+def partial_path(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.swarm-part")
+
+
+def _bits_to_set(blob: bytes, count: int) -> set[int]:
+    return {i for i in range(count) if blob[i // 8] & (0x80 >> (i % 8))}
+
+
+def _set_to_bits(indexes: set[int], count: int) -> bytes:
+    blob = bytearray(-(-count // 8))
+    for i in indexes:
+        blob[i // 8] |= 0x80 >> (i % 8)
+    return bytes(blob)
+
+
+def check_dest(dest: Path) -> None:
+    """DEST's directory must exist and be writable; DEST itself must not be a directory."""
+    parent = dest.parent
+    if not parent.is_dir():
+        raise UsageError(
+            f"swarm: the directory {parent} for DEST does not exist: create it first "
+            f"(mkdir -p {parent})"
+        )
+    if dest.is_dir():
+        raise UsageError(f"swarm: DEST {dest} is a directory: give a file path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"swarm: cannot write to {parent}: run as a user who may, or choose another DEST"
+        )
+
+
+def ensure_space(directory: Path, needed: int) -> None:
+    stats = os.statvfs(directory)
+    free = stats.f_bavail * stats.f_frsize
+    if free < needed:
+        raise NoSpaceError(
+            f"swarm: not enough space in {directory}: need {needed / 2**20:.1f} MiB more, "
+            f"{free / 2**20:.1f} MiB free (ENOSPC); free some space or choose another DEST"
+        )
+
+
+class PieceFile:
+    """A partial file for one artifact, written at piece offsets by any number of sources."""
+
+    def __init__(self, manifest: Manifest, dest: Path) -> None:
+        self.manifest = manifest
+        self.dest = dest
+        self.partial = partial_path(dest)
+        self.state_path = self.partial.with_name(self.partial.name + ".state")
+        self.layout = manifest.layout
+        self._hashes = manifest.piece_hashes
+        self._have: set[int] = set()
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._stored = threading.Condition(self._lock)
+        self._fd = -1
+        self._last_save = 0.0
+        self.bytes_by_source: dict[str, int] = {}
+        self.hash_failures = 0
+        self.on_piece: Callable[[int, int], None] | None = None
+        """Called as ``on_piece(index, length)`` after each newly stored piece."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or reopen the partial file; reserve its space; recover verified pieces."""
+        check_dest(self.dest)
+        resumable = self._load_state()
+        try:
+            self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise SwarmError(f"swarm: cannot create {self.partial}: {error.strerror}") from error
+        allocated = os.fstat(self._fd).st_blocks * 512
+        ensure_space(self.dest.parent, max(0, self.manifest.size - allocated))
+        try:
+            if self.manifest.size:
+                # Reserve every block now, so a full disk fails in a second, not at 90%.
+                os.posix_fallocate(self._fd, 0, self.manifest.size)
+            os.ftruncate(self._fd, self.manifest.size)
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise NoSpaceError(
+                    f"swarm: no space left on the device holding {self.dest.parent} (ENOSPC) "
+                    "while reserving the artifact; free some space or choose another DEST"
+                ) from error
+            raise
+        if resumable:
+            self._have = {i for i in resumable if self._verify_on_disk(i)}
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._save_state(force=True)
+            os.close(self._fd)
+            self._fd = -1
+
+    def discard(self) -> None:
+        """Forget all progress (after a whole-file mismatch, nothing here can be trusted)."""
+        self.close()
+        for path in (self.partial, self.state_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    # -- the sink every source writes to ---------------------------------------------------
+
+    def missing(self) -> list[int]:
+        with self._lock:
+            return [i for i in range(self.layout.count) if i not in self._have]
+
+    def have(self, index: int) -> bool:
+        return index in self._have
+
+    @property
+    def complete(self) -> bool:
+        return len(self._have) == self.layout.count
+
+    @property
+    def bytes_done(self) -> int:
+        with self._lock:
+            return sum(self.layout.length(i) for i in self._have)
+
+    def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
+        """Check ``data`` against piece ``index``'s hash; store it if it matches.
+
+        Returns False (and counts a hash failure) when it does not match, so the source
+        can fetch it again. A piece already held is accepted and ignored.
+        """
+        if len(data) != self.layout.length(index) or hashlib.sha1(data).digest() != self._hashes[index]:
+            with self._lock:
+                self.hash_failures += 1
+            return False
+        if index in self._have:
+            return True
+        view = memoryview(data)
+        offset = self.layout.offset(index)
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view, offset = view[written:], offset + written
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise NoSpaceError(
+                    f"swarm: no space left writing {self.partial} (ENOSPC); free space and "
+                    "rerun: the fetch resumes where it stopped"
+                ) from error
+            raise
+        with self._lock:
+            self._have.add(index)
+            self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + len(data)
+            self._stored.notify_all()
+        self._save_state()
+        if self.on_piece:
+            self.on_piece(index, len(data))
+        return True
+
+    # -- finishing -------------------------------------------------------------------------
+
+    def finalize(self, hasher: Callable[[], str] | None = None) -> None:
+        """Check the whole-file SHA-256, then atomically rename the partial file to DEST."""
+        if not self.complete:
+            raise SwarmError(f"swarm: internal error: finalize with {len(self.missing())} missing")
+        os.fsync(self._fd)
+        digest = hasher() if hasher else self.sha256_on_disk()
+        if digest != self.manifest.sha256:
+            self.discard()
+            raise IntegrityError(
+                f"swarm: {self.manifest.name} has SHA-256 {digest} but the manifest says "
+                f"{self.manifest.sha256}: every piece matched, so the manifest itself is "
+                "wrong; republish the artifact"
+            )
+        os.close(self._fd)
+        self._fd = -1
+        os.replace(self.partial, self.dest)
+        dir_fd = os.open(self.dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        with contextlib.suppress(FileNotFoundError):
+            self.state_path.unlink()
+
+    def start_prefix_hasher(self) -> Callable[[], str]:
+        """Hash the file in order while it downloads, on a thread of its own.
+
+        Pieces arrive out of order but roughly front to back; the hasher follows the
+        longest complete prefix (reading it back from the page cache), so the whole-file
+        SHA-256 is ready moments after the last piece instead of one more full pass later.
+        Returns a function that waits for the digest (call it once the file is complete).
+        """
+        digest = hashlib.sha256()
+        done = threading.Event()
+
+        def follow() -> None:
+            for index in range(self.layout.count):
+                with self._stored:
+                    while index not in self._have and self._fd >= 0:
+                        self._stored.wait(0.5)
+                    if self._fd < 0:
+                        return
+                digest.update(self.read_range(self.layout.offset(index), self.layout.length(index)))
+            done.set()
+
+        thread = threading.Thread(target=follow, name="sha256-prefix", daemon=True)
+        thread.start()
+
+        def result() -> str:
+            thread.join()
+            if not done.is_set():
+                raise SwarmError("swarm: internal error: the file closed before it was hashed")
+            return digest.hexdigest()
+
+        return result
+
+    def sha256_on_disk(self, upto: int | None = None) -> str:
+        digest = hashlib.sha256()
+        end = self.manifest.size if upto is None else upto
+        offset = 0
+        while offset < end:
+            chunk = os.pread(self._fd, min(READ_CHUNK, end - offset), offset)
+            digest.update(chunk)
+            offset += len(chunk)
+        return digest.hexdigest()
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    # -- resume state ----------------------------------------------------------------------
+
+    def _verify_on_disk(self, index: int) -> bool:
+        data = os.pread(self._fd, self.layout.length(index), self.layout.offset(index))
+        return hashlib.sha1(data).digest() == self._hashes[index]
+
+    def _load_state(self) -> set[int]:
+        try:
+            state = json.loads(self.state_path.read_bytes())
+            if state["info_hash"] != self.manifest.info_hash or not self.partial.exists():
+                return set()
+            return _bits_to_set(base64.b64decode(state["have"]), self.layout.count)
+        except (FileNotFoundError, ValueError, KeyError, TypeError, IndexError):
+            return set()
+
+    def _save_state(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_save < STATE_SAVE_INTERVAL:
+            return
+        # One saver at a time; a worker that finds another saving just moves on.
+        if not self._save_lock.acquire(blocking=force):
+            return
+        try:
+            with self._lock:
+                self._last_save = now
+                bits = _set_to_bits(self._have, self.layout.count)
+            state = {"info_hash": self.manifest.info_hash, "have": base64.b64encode(bits).decode()}
+            tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.state_path)
+        finally:
+            self._save_lock.release()

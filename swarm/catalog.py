@@ -1,0 +1,89 @@
+"""The catalog: artifact names -> S3 locations, so user data can say `swarm fetch index.db`.
+
+Layout: one small JSON object per name at ``{SWARM_CATALOG}{name}.json``::
+
+    {"name": "index.db", "url": "s3://bucket/builds/index.db", "size": 1234,
+     "sha256": "...", "published_at": "2026-11-21T09:00:00Z"}
+
+One object per name (not one shared index) so that concurrent publishes of different
+artifacts never race on a read-modify-write, and a reader needs one GET.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import botocore.exceptions
+
+from swarm.errors import NotFoundError, UsageError
+from swarm.manifest import MANIFEST_SUFFIX, Manifest, check_name
+from swarm.objectstore import S3Url, raise_for
+
+ENTRY_SUFFIX = ".json"
+
+
+def entry_url(catalog: str, name: str) -> S3Url:
+    return S3Url.parse(catalog).child(check_name(name) + ENTRY_SUFFIX)
+
+
+def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
+    """Write (or replace) the catalog entry for ``manifest.name``."""
+    url = entry_url(catalog, manifest.name)
+    entry = {
+        "name": manifest.name,
+        "url": manifest.s3_url,
+        "size": manifest.size,
+        "sha256": manifest.sha256,
+        "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        client.put_object(
+            Bucket=url.bucket,
+            Key=url.key,
+            Body=json.dumps(entry, indent=1).encode(),
+            ContentType="application/json",
+        )
+    except botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError as error:
+        raise_for(error, url, "write")
+    return url
+
+
+def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
+    """``s3://BUCKET/KEY`` as is; a bare NAME through the catalog."""
+    if source.startswith("s3://"):
+        return S3Url.parse(source)
+    if not catalog:
+        raise UsageError(
+            f"swarm: {source!r} is a name, but no catalog is configured: set SWARM_CATALOG "
+            "(e.g. s3://bucket/artifacts/) or pass s3://BUCKET/KEY"
+        )
+    url = entry_url(catalog, source)
+    try:
+        body = client.get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+    except botocore.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+            raise NotFoundError(
+                f"swarm: no artifact named {source!r} in the catalog {catalog} ({url} is "
+                f"missing): publish it with `swarm publish FILE s3://BUCKET/KEY --name {source}`"
+            ) from error
+        raise_for(error, url)
+    except botocore.exceptions.BotoCoreError as error:
+        raise_for(error, url)
+    try:
+        return S3Url.parse(json.loads(body)["url"])
+    except (ValueError, KeyError, TypeError, UsageError) as error:
+        raise NotFoundError(
+            f"swarm: catalog entry {url} is unreadable ({error}): republish {source!r}"
+        ) from error
+
+
+def load_manifest(client: Any, url: S3Url, secret: str | None = None) -> Manifest:
+    """Read and check ``url.swarm``."""
+    target = S3Url(url.bucket, url.key + MANIFEST_SUFFIX)
+    try:
+        data = client.get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        raise_for(error, target)
+    return Manifest.loads(data, secret, origin=str(target))

@@ -1,0 +1,156 @@
+"""The `swarm` command line. Thin: parse, call, print, exit code (README "Exit codes")."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from swarm import __version__, config
+from swarm.errors import EXIT_CODES, SwarmError
+from swarm.pieces import validate_piece_size
+
+F = TypeVar("F", bound=Callable[..., Any])
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'1M', '4MiB', '262144' -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a size (examples: 1M, 4MiB, 262144)")
+    return int(match.group(1)) * SIZE_UNITS[match.group(2).upper()]
+
+
+def reports_errors(func: F) -> F:
+    """Turn a SwarmError into its message on stderr and its exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except SwarmError as error:
+            message = str(error)
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"event": "error", "exit_code": error.exit_code,
+                                       "message": message}))
+            click.echo(message if message.startswith("swarm:") else f"swarm: {message}", err=True)
+            sys.exit(error.exit_code)
+        except KeyboardInterrupt:
+            click.echo("swarm: interrupted; rerun the same command to resume", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+
+
+@click.group(epilog=EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="swarm")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(verbose: int) -> None:
+    """Distribute large artifacts to a fleet: peers, S3 and UDP at once.
+
+    \b
+    Quick use:
+      swarm publish index.db s3://bucket/builds/index.db --name index.db
+      swarm fetch index.db /var/lib/app/index.db
+    """
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("botocore").setLevel(max(level, logging.WARNING))
+
+
+@cli.command(epilog=EXIT_HELP)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("dest")
+@click.option("--name", help="Record the artifact under NAME in the catalog (SWARM_CATALOG).")
+@click.option("--piece-size", callback=lambda _c, _p, v: v and parse_size(v),
+              help="Piece size, a power of two >= 16K (default: about 2048 pieces, 1M-16M).")
+@click.option("--catalog", help="Catalog prefix, e.g. s3://bucket/artifacts/ [SWARM_CATALOG].")
+@click.option("--endpoint-url", help="S3 endpoint [AWS_ENDPOINT_URL].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@reports_errors
+def publish(file: Path, dest: str, name: str | None, piece_size: int | None,
+            catalog: str | None, endpoint_url: str | None, as_json: bool) -> None:
+    """Upload FILE to s3://BUCKET/KEY with its manifest (KEY.swarm) and torrent (KEY.torrent)."""
+    from swarm.objectstore import S3Url, make_client
+    from swarm.publish import publish as do_publish
+
+    if piece_size:
+        try:
+            validate_piece_size(piece_size)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--piece-size") from error
+    settings = config.load(catalog=catalog, endpoint_url=endpoint_url)
+    client = make_client(settings.endpoint_url)
+    manifest = do_publish(client, file, S3Url.parse(dest), name=name, piece_size=piece_size,
+                          catalog_url=settings.catalog, secret=settings.secret)
+    summary = {"name": manifest.name, "url": manifest.s3_url, "manifest": manifest.s3_url + ".swarm",
+               "size": manifest.size, "sha256": manifest.sha256, "piece_size": manifest.piece_size,
+               "pieces": manifest.layout.count, "info_hash": manifest.info_hash,
+               "catalog": bool(name)}
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"published {manifest.name} ({manifest.size} bytes, {manifest.layout.count} "
+                   f"pieces of {manifest.piece_size}) to {manifest.s3_url}")
+        click.echo(f"  manifest {manifest.s3_url}.swarm  info-hash {manifest.info_hash}")
+
+
+@cli.command(epilog=EXIT_HELP)
+@click.argument("source")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--coordinator", help="Coordinator URL [SWARM_COORDINATOR].")
+@click.option("--listen", help="IP address the node's sockets bind to.")
+@click.option("--source", "sources", multiple=True,
+              help="Restrict sources: s3, peers, udp://HOST:PORT (repeatable; default all).")
+@click.option("--no-daemon", is_flag=True, help="Fetch in this process from S3 only; no seeding.")
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True),
+              help="Give up (exit 7) after this many seconds; a rerun resumes.")
+@click.option("--catalog", help="Catalog prefix for names [SWARM_CATALOG].")
+@click.option("--endpoint-url", help="S3 endpoint [AWS_ENDPOINT_URL].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Parallel S3 ranged GETs.")
+@click.option("--json", "as_json", is_flag=True, help="JSON line events on stdout.")
+@reports_errors
+def fetch(source: str, dest: Path, coordinator: str | None, listen: str | None,
+          sources: tuple[str, ...], no_daemon: bool, deadline: float | None,
+          catalog: str | None, endpoint_url: str | None, concurrency: int, as_json: bool) -> None:
+    """Fetch SOURCE (s3://BUCKET/KEY or a catalog NAME) to DEST, verified, atomically."""
+    from swarm.agent.fetch import fetch_in_process
+    from swarm.progress import JsonProgress, RichProgress, emit
+    from swarm.sources.s3 import S3SourceConfig
+
+    settings = config.load(catalog=catalog, endpoint_url=endpoint_url, coordinator=coordinator)
+    use_json = as_json or not sys.stderr.isatty()
+    progress = JsonProgress() if use_json else RichProgress()
+    try:
+        result = fetch_in_process(
+            source, dest, endpoint_url=settings.endpoint_url, catalog_url=settings.catalog,
+            secret=settings.secret, deadline=deadline,
+            s3_config=S3SourceConfig(concurrency=concurrency), progress=progress,
+        )
+    finally:
+        if isinstance(progress, RichProgress):
+            progress.stop()
+    if use_json:
+        emit("done", **asdict(result))
+    else:
+        rate = result.size / max(result.seconds, 1e-9) / 2**20
+        how = "already present" if result.already_present else f"{rate:.0f} MiB/s"
+        click.echo(f"{result.dest}: {result.size} bytes, sha256 {result.sha256[:16]}… "
+                   f"verified in {result.seconds:.1f}s ({how})", err=True)
+
+
+def main() -> None:
+    cli(prog_name="swarm")

@@ -1,0 +1,63 @@
+"""Settings: flags > environment (SWARM_*) > /etc/swarm/swarm.toml > defaults."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from swarm.errors import UsageError
+
+CONFIG_FILE = Path(os.environ.get("SWARM_CONFIG", "/etc/swarm/swarm.toml"))
+DEFAULT_HOME = Path("/var/lib/swarm") if os.geteuid() == 0 else Path.home() / ".swarm"
+DEFAULT_COORDINATOR_PORT = 7070
+
+
+@dataclass
+class Settings:
+    """Node-wide settings.
+
+    Attributes:
+        home: the node's state directory (SWARM_HOME); one per node.
+        coordinator: coordinator URL (SWARM_COORDINATOR), e.g. http://10.0.0.5:7070; None = none.
+        catalog: S3 prefix that maps names to artifacts (SWARM_CATALOG), e.g. s3://b/artifacts/.
+        secret: the fleet secret (SWARM_SECRET): signs manifests, authenticates the fleet.
+        endpoint_url: S3 endpoint override (AWS_ENDPOINT_URL); None = AWS.
+    """
+
+    home: Path = DEFAULT_HOME
+    coordinator: str | None = None
+    catalog: str | None = None
+    secret: str | None = None
+    endpoint_url: str | None = None
+
+
+ENV = {
+    "home": "SWARM_HOME",
+    "coordinator": "SWARM_COORDINATOR",
+    "catalog": "SWARM_CATALOG",
+    "secret": "SWARM_SECRET",
+    "endpoint_url": "AWS_ENDPOINT_URL",
+}
+
+
+def load(**flags: object) -> Settings:
+    """Merge the sources of settings; ``flags`` with a None value do not override."""
+    values: dict[str, object] = {}
+    if CONFIG_FILE.is_file():
+        try:
+            values.update(tomllib.loads(CONFIG_FILE.read_text()))
+        except tomllib.TOMLDecodeError as error:
+            raise UsageError(f"swarm: {CONFIG_FILE} is not valid TOML: {error}") from error
+    for name, var in ENV.items():
+        if os.environ.get(var):
+            values[name] = os.environ[var]
+    values.update({k: v for k, v in flags.items() if v is not None})
+    known = {f.name for f in fields(Settings)}
+    unknown = set(values) - known
+    if unknown:
+        raise UsageError(f"swarm: unknown setting(s) {sorted(unknown)} in {CONFIG_FILE}")
+    if "home" in values:
+        values["home"] = Path(str(values["home"]))
+    return Settings(**values)  # type: ignore[arg-type]

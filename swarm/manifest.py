@@ -1,0 +1,217 @@
+"""The artifact manifest: BitTorrent metainfo + size + SHA-256 + S3 location.
+
+Stored as JSON at ``s3://BUCKET/KEY.swarm`` next to the object. The torrent's info dict
+is the single source of piece hashes, so any BitTorrent client given ``KEY.torrent``
+(the same metainfo, written alongside) joins the same swarm with the same info-hash.
+
+Integrity of the manifest itself: a loader checks that every field agrees with the
+metainfo (size, piece size, piece count, name). When the fleet has a secret
+(``SWARM_SECRET``), publish signs the manifest with HMAC-SHA256 and a fetch refuses a
+manifest whose signature is missing or wrong, so a writer to the bucket who lacks the
+secret cannot swap the piece hashes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fastbencode
+
+from swarm.errors import ManifestError
+from swarm.pieces import PieceLayout, sha1_pieces, validate_piece_size
+
+MANIFEST_VERSION = 1
+MANIFEST_SUFFIX = ".swarm"
+TORRENT_SUFFIX = ".torrent"
+HASH_CHUNK = 1 << 20
+SAFE_NAME = re.compile(r"^[A-Za-z0-9._+-][A-Za-z0-9._+@=-]{0,254}$")
+
+
+def check_name(name: str) -> str:
+    """An artifact name is one path component: no separators, no traversal, no hidden dot-dot."""
+    if not SAFE_NAME.match(name) or name in {".", ".."}:
+        raise ManifestError(
+            f"swarm: unsafe artifact name {name!r}: use letters, digits and . _ + - @ = "
+            "(one path component, no '/', no '..')"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a node needs to fetch and verify one artifact."""
+
+    name: str
+    size: int
+    sha256: str
+    piece_size: int
+    bucket: str
+    key: str
+    torrent: bytes = field(repr=False)
+    """Bencoded BitTorrent v1 metainfo (BEP 3), with the S3 object as ``url-list`` (BEP 19)."""
+
+    @property
+    def layout(self) -> PieceLayout:
+        return PieceLayout(self.size, self.piece_size)
+
+    @property
+    def info(self) -> dict[bytes, Any]:
+        return fastbencode.bdecode(self.torrent)[b"info"]
+
+    @property
+    def piece_hashes(self) -> list[bytes]:
+        blob = self.info[b"pieces"]
+        return [blob[i : i + 20] for i in range(0, len(blob), 20)]
+
+    @property
+    def info_hash(self) -> str:
+        """Hex SHA-1 of the bencoded info dict: the torrent's identity on the wire."""
+        return hashlib.sha1(fastbencode.bencode(self.info)).hexdigest()
+
+    @property
+    def s3_url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_file(
+        cls,
+        path: Path,
+        *,
+        name: str,
+        piece_size: int,
+        bucket: str,
+        key: str,
+        web_seed: str | None,
+    ) -> Manifest:
+        """Hash ``path`` once: SHA-1 per piece for the metainfo, SHA-256 for the whole file."""
+        validate_piece_size(piece_size)
+        check_name(name)
+        whole = hashlib.sha256()
+        pieces = bytearray()
+        size = 0
+        with path.open("rb", buffering=0) as stream:
+            for chunk, digest in sha1_pieces(stream, piece_size):
+                whole.update(chunk)
+                pieces += digest
+                size += len(chunk)
+        info = {
+            b"name": name.encode(),
+            b"length": size,
+            b"piece length": piece_size,
+            b"pieces": bytes(pieces),
+            # A private torrent (BEP 27): peers come only from the fleet's tracker; no DHT/PEX.
+            b"private": 1,
+        }
+        meta: dict[bytes, Any] = {b"info": info, b"created by": b"swarm"}
+        if web_seed:
+            meta[b"url-list"] = [web_seed.encode()]
+        return cls(name, size, whole.hexdigest(), piece_size, bucket, key, fastbencode.bencode(meta))
+
+    # -- serialisation ----------------------------------------------------------------------
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "version": MANIFEST_VERSION,
+            "name": self.name,
+            "size": self.size,
+            "sha256": self.sha256,
+            "piece_size": self.piece_size,
+            "s3": {"bucket": self.bucket, "key": self.key},
+            "info_hash": self.info_hash,
+            "torrent": base64.b64encode(self.torrent).decode(),
+        }
+
+    def dumps(self, secret: str | None = None) -> bytes:
+        body = self._body()
+        if secret:
+            body["signature"] = _sign(body, secret)
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def loads(cls, data: bytes, secret: str | None = None, origin: str = "manifest") -> Manifest:
+        """Parse and check a manifest; raise :class:`ManifestError` on anything inconsistent."""
+        try:
+            body = json.loads(data)
+            if not isinstance(body, dict):
+                raise TypeError("not a JSON object")
+            version = body["version"]
+            if version != MANIFEST_VERSION:
+                raise ManifestError(
+                    f"swarm: {origin} has version {version!r}; this swarm reads version "
+                    f"{MANIFEST_VERSION}: upgrade swarm or republish the artifact"
+                )
+            manifest = cls(
+                name=_typed(body["name"], str),
+                size=_typed(body["size"], int),
+                sha256=_typed(body["sha256"], str),
+                piece_size=_typed(body["piece_size"], int),
+                bucket=_typed(body["s3"]["bucket"], str),
+                key=_typed(body["s3"]["key"], str),
+                torrent=base64.b64decode(_typed(body["torrent"], str), validate=True),
+            )
+            signature = body.get("signature")
+        except ManifestError:
+            raise
+        except (ValueError, KeyError, TypeError) as error:
+            raise ManifestError(
+                f"swarm: {origin} is not a valid swarm manifest ({error}): republish it with "
+                "`swarm publish`"
+            ) from error
+        manifest._check(origin, body.get("info_hash"))
+        if secret:
+            if not isinstance(signature, str) or not hmac.compare_digest(
+                signature, _sign(manifest._body(), secret)
+            ):
+                raise ManifestError(
+                    f"swarm: {origin} signature is missing or wrong for this SWARM_SECRET: "
+                    "the manifest was tampered with or published with another secret"
+                )
+        return manifest
+
+    def _check(self, origin: str, info_hash: object) -> None:
+        def bad(why: str) -> ManifestError:
+            return ManifestError(f"swarm: {origin} is inconsistent ({why}); refusing it")
+
+        check_name(self.name)
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise bad("sha256 is not 64 hex digits")
+        if self.size < 0:
+            raise bad("negative size")
+        try:
+            validate_piece_size(self.piece_size)
+            meta = fastbencode.bdecode(self.torrent)
+            info = meta[b"info"]
+            length, plen, pieces = info[b"length"], info[b"piece length"], info[b"pieces"]
+            tname = info[b"name"].decode()
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+            raise bad(f"metainfo: {error}") from error
+        if b"files" in info:
+            raise bad("multi-file torrents are not artifacts")
+        if (length, plen, tname) != (self.size, self.piece_size, self.name):
+            raise bad("metainfo length, piece length or name differ from the manifest")
+        if len(pieces) != 20 * self.layout.count:
+            raise bad(f"{len(pieces) // 20} piece hashes for {self.layout.count} pieces")
+        if info_hash is not None and info_hash != self.info_hash:
+            raise bad("info_hash does not match the metainfo")
+
+
+def _typed(value: Any, kind: type) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _sign(body: dict[str, Any], secret: str) -> str:
+    canonical = json.dumps(
+        {k: v for k, v in body.items() if k != "signature"}, sort_keys=True
+    ).encode()
+    return hmac.new(secret.encode(), canonical, hashlib.sha256).hexdigest()

@@ -1,0 +1,85 @@
+"""Progress for long work: a rich bar on a TTY, JSON lines otherwise (one event a line)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from swarm.agent.fetch import Progress as ProgressBase
+from swarm.manifest import Manifest
+
+JSON_INTERVAL = 1.0
+"""Seconds between JSON progress events (a log line a second is plenty for a machine)."""
+
+
+def emit(event: str, stream: TextIO = sys.stdout, **fields: Any) -> None:
+    stream.write(json.dumps({"event": event, "ts": round(time.time(), 3), **fields}) + "\n")
+    stream.flush()
+
+
+class JsonProgress(ProgressBase):
+    def __init__(self, stream: TextIO = sys.stdout) -> None:
+        self.stream = stream
+        self.total = 0
+        self.done = 0
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def start(self, manifest: Manifest, dest: Path, done_bytes: int) -> None:
+        self.total, self.done = manifest.size, done_bytes
+        emit("start", self.stream, name=manifest.name, dest=str(dest), size=manifest.size,
+             resumed_bytes=done_bytes, info_hash=manifest.info_hash)
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.done += nbytes
+            now = time.monotonic()
+            if now - self._last < JSON_INTERVAL and self.done < self.total:
+                return
+            self._last = now
+            emit("progress", self.stream, bytes=self.done, total=self.total)
+
+    def verifying(self) -> None:
+        emit("verifying", self.stream)
+
+
+class RichProgress(ProgressBase):
+    def __init__(self, console: Console | None = None) -> None:
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console or Console(stderr=True),
+            transient=False,
+        )
+        self.task: Any = None
+
+    def start(self, manifest: Manifest, dest: Path, done_bytes: int) -> None:
+        self.bar.start()
+        self.task = self.bar.add_task(manifest.name, total=manifest.size, completed=done_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        self.bar.advance(self.task, nbytes)
+
+    def verifying(self) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, description="verifying")
+
+    def stop(self) -> None:
+        self.bar.stop()
