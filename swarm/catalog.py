@@ -19,7 +19,7 @@ import botocore.exceptions
 
 from swarm.errors import NotFoundError, UsageError
 from swarm.manifest import MANIFEST_SUFFIX, Manifest, check_name
-from swarm.objectstore import S3Url, raise_for
+from swarm.objectstore import S3_ERRORS, S3Url, raise_for
 
 ENTRY_SUFFIX = ".json"
 
@@ -45,7 +45,7 @@ def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
             Body=json.dumps(entry, indent=1).encode(),
             ContentType="application/json",
         )
-    except botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError as error:
+    except S3_ERRORS as error:
         raise_for(error, url, "write")
     return url
 
@@ -84,6 +84,6 @@ def load_manifest(client: Any, url: S3Url, secret: str | None = None) -> Manifes
     target = S3Url(url.bucket, url.key + MANIFEST_SUFFIX)
     try:
         data = client.get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+    except S3_ERRORS as error:
         raise_for(error, target)
     return Manifest.loads(data, secret, origin=str(target))

@@ -40,8 +40,9 @@ def reports_errors(func: F) -> F:
         except SwarmError as error:
             message = str(error)
             if kwargs.get("as_json"):
-                click.echo(json.dumps({"event": "error", "exit_code": error.exit_code,
-                                       "message": message}))
+                click.echo(
+                    json.dumps({"event": "error", "exit_code": error.exit_code, "message": message})
+                )
             click.echo(message if message.startswith("swarm:") else f"swarm: {message}", err=True)
             sys.exit(error.exit_code)
         except KeyboardInterrupt:
@@ -51,7 +52,9 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+EXIT_HELP = "\b\nExit codes:\n" + "\n".join(
+    f"  {code}  {text}" for code, text in EXIT_CODES.items()
+)
 
 
 @click.group(epilog=EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,14 +77,24 @@ def cli(verbose: int) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("dest")
 @click.option("--name", help="Record the artifact under NAME in the catalog (SWARM_CATALOG).")
-@click.option("--piece-size", callback=lambda _c, _p, v: v and parse_size(v),
-              help="Piece size, a power of two >= 16K (default: about 2048 pieces, 1M-16M).")
+@click.option(
+    "--piece-size",
+    callback=lambda _c, _p, v: v and parse_size(v),
+    help="Piece size, a power of two >= 16K (default: about 2048 pieces, 1M-16M).",
+)
 @click.option("--catalog", help="Catalog prefix, e.g. s3://bucket/artifacts/ [SWARM_CATALOG].")
 @click.option("--endpoint-url", help="S3 endpoint [AWS_ENDPOINT_URL].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
-def publish(file: Path, dest: str, name: str | None, piece_size: int | None,
-            catalog: str | None, endpoint_url: str | None, as_json: bool) -> None:
+def publish(
+    file: Path,
+    dest: str,
+    name: str | None,
+    piece_size: int | None,
+    catalog: str | None,
+    endpoint_url: str | None,
+    as_json: bool,
+) -> None:
     """Upload FILE to s3://BUCKET/KEY with its manifest (KEY.swarm) and torrent (KEY.torrent)."""
     from swarm.objectstore import S3Url, make_client
     from swarm.publish import publish as do_publish
@@ -93,17 +106,33 @@ def publish(file: Path, dest: str, name: str | None, piece_size: int | None,
             raise click.BadParameter(str(error), param_hint="--piece-size") from error
     settings = config.load(catalog=catalog, endpoint_url=endpoint_url)
     client = make_client(settings.endpoint_url)
-    manifest = do_publish(client, file, S3Url.parse(dest), name=name, piece_size=piece_size,
-                          catalog_url=settings.catalog, secret=settings.secret)
-    summary = {"name": manifest.name, "url": manifest.s3_url, "manifest": manifest.s3_url + ".swarm",
-               "size": manifest.size, "sha256": manifest.sha256, "piece_size": manifest.piece_size,
-               "pieces": manifest.layout.count, "info_hash": manifest.info_hash,
-               "catalog": bool(name)}
+    manifest = do_publish(
+        client,
+        file,
+        S3Url.parse(dest),
+        name=name,
+        piece_size=piece_size,
+        catalog_url=settings.catalog,
+        secret=settings.secret,
+    )
+    summary = {
+        "name": manifest.name,
+        "url": manifest.s3_url,
+        "manifest": manifest.s3_url + ".swarm",
+        "size": manifest.size,
+        "sha256": manifest.sha256,
+        "piece_size": manifest.piece_size,
+        "pieces": manifest.layout.count,
+        "info_hash": manifest.info_hash,
+        "catalog": bool(name),
+    }
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        click.echo(f"published {manifest.name} ({manifest.size} bytes, {manifest.layout.count} "
-                   f"pieces of {manifest.piece_size}) to {manifest.s3_url}")
+        click.echo(
+            f"published {manifest.name} ({manifest.size} bytes, {manifest.layout.count} "
+            f"pieces of {manifest.piece_size}) to {manifest.s3_url}"
+        )
         click.echo(f"  manifest {manifest.s3_url}.swarm  info-hash {manifest.info_hash}")
 
 
@@ -112,20 +141,50 @@ def publish(file: Path, dest: str, name: str | None, piece_size: int | None,
 @click.argument("dest", type=click.Path(path_type=Path))
 @click.option("--coordinator", help="Coordinator URL [SWARM_COORDINATOR].")
 @click.option("--listen", help="IP address the node's sockets bind to.")
-@click.option("--source", "sources", multiple=True,
-              help="Restrict sources: s3, peers, udp://HOST:PORT (repeatable; default all).")
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    help="Restrict sources: s3, peers, udp://HOST:PORT (repeatable; default all).",
+)
 @click.option("--no-daemon", is_flag=True, help="Fetch in this process from S3 only; no seeding.")
-@click.option("--deadline", type=click.FloatRange(min=0, min_open=True),
-              help="Give up (exit 7) after this many seconds; a rerun resumes.")
+@click.option(
+    "--deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Give up (exit 7) after this many seconds; a rerun resumes.",
+)
 @click.option("--catalog", help="Catalog prefix for names [SWARM_CATALOG].")
 @click.option("--endpoint-url", help="S3 endpoint [AWS_ENDPOINT_URL].")
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Parallel S3 ranged GETs.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Parallel S3 ranged GETs.",
+)
+@click.option(
+    "--range-size",
+    default="16M",
+    show_default=True,
+    callback=lambda _c, _p, v: parse_size(v),
+    help="Bytes per S3 ranged GET (rounded down to whole pieces).",
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON line events on stdout.")
 @reports_errors
-def fetch(source: str, dest: Path, coordinator: str | None, listen: str | None,
-          sources: tuple[str, ...], no_daemon: bool, deadline: float | None,
-          catalog: str | None, endpoint_url: str | None, concurrency: int, as_json: bool) -> None:
+def fetch(
+    source: str,
+    dest: Path,
+    coordinator: str | None,
+    listen: str | None,
+    sources: tuple[str, ...],
+    no_daemon: bool,
+    deadline: float | None,
+    catalog: str | None,
+    endpoint_url: str | None,
+    concurrency: int,
+    range_size: int,
+    as_json: bool,
+) -> None:
     """Fetch SOURCE (s3://BUCKET/KEY or a catalog NAME) to DEST, verified, atomically."""
     from swarm.agent.fetch import fetch_in_process
     from swarm.progress import JsonProgress, RichProgress, emit
@@ -136,9 +195,14 @@ def fetch(source: str, dest: Path, coordinator: str | None, listen: str | None,
     progress = JsonProgress() if use_json else RichProgress()
     try:
         result = fetch_in_process(
-            source, dest, endpoint_url=settings.endpoint_url, catalog_url=settings.catalog,
-            secret=settings.secret, deadline=deadline,
-            s3_config=S3SourceConfig(concurrency=concurrency), progress=progress,
+            source,
+            dest,
+            endpoint_url=settings.endpoint_url,
+            catalog_url=settings.catalog,
+            secret=settings.secret,
+            deadline=deadline,
+            s3_config=S3SourceConfig(concurrency=concurrency, range_size=range_size),
+            progress=progress,
         )
     finally:
         if isinstance(progress, RichProgress):
@@ -148,8 +212,11 @@ def fetch(source: str, dest: Path, coordinator: str | None, listen: str | None,
     else:
         rate = result.size / max(result.seconds, 1e-9) / 2**20
         how = "already present" if result.already_present else f"{rate:.0f} MiB/s"
-        click.echo(f"{result.dest}: {result.size} bytes, sha256 {result.sha256[:16]}… "
-                   f"verified in {result.seconds:.1f}s ({how})", err=True)
+        click.echo(
+            f"{result.dest}: {result.size} bytes, sha256 {result.sha256[:16]}… "
+            f"verified in {result.seconds:.1f}s ({how})",
+            err=True,
+        )
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from swarm.errors import UsageError
 
-CONFIG_FILE = Path(os.environ.get("SWARM_CONFIG", "/etc/swarm/swarm.toml"))
+DEFAULT_CONFIG_FILE = "/etc/swarm/swarm.toml"
 DEFAULT_HOME = Path("/var/lib/swarm") if os.geteuid() == 0 else Path.home() / ".swarm"
 DEFAULT_COORDINATOR_PORT = 7070
 
@@ -45,11 +45,12 @@ ENV = {
 def load(**flags: object) -> Settings:
     """Merge the sources of settings; ``flags`` with a None value do not override."""
     values: dict[str, object] = {}
-    if CONFIG_FILE.is_file():
+    config_file = Path(os.environ.get("SWARM_CONFIG", DEFAULT_CONFIG_FILE))
+    if config_file.is_file():
         try:
-            values.update(tomllib.loads(CONFIG_FILE.read_text()))
+            values.update(tomllib.loads(config_file.read_text()))
         except tomllib.TOMLDecodeError as error:
-            raise UsageError(f"swarm: {CONFIG_FILE} is not valid TOML: {error}") from error
+            raise UsageError(f"swarm: {config_file} is not valid TOML: {error}") from error
     for name, var in ENV.items():
         if os.environ.get(var):
             values[name] = os.environ[var]
@@ -57,7 +58,7 @@ def load(**flags: object) -> Settings:
     known = {f.name for f in fields(Settings)}
     unknown = set(values) - known
     if unknown:
-        raise UsageError(f"swarm: unknown setting(s) {sorted(unknown)} in {CONFIG_FILE}")
+        raise UsageError(f"swarm: unknown setting(s) {sorted(unknown)} in {config_file}")
     if "home" in values:
         values["home"] = Path(str(values["home"]))
     return Settings(**values)  # type: ignore[arg-type]

@@ -114,7 +114,9 @@ class Manifest:
         meta: dict[bytes, Any] = {b"info": info, b"created by": b"swarm"}
         if web_seed:
             meta[b"url-list"] = [web_seed.encode()]
-        return cls(name, size, whole.hexdigest(), piece_size, bucket, key, fastbencode.bencode(meta))
+        return cls(
+            name, size, whole.hexdigest(), piece_size, bucket, key, fastbencode.bencode(meta)
+        )
 
     # -- serialisation ----------------------------------------------------------------------
 
@@ -146,7 +148,7 @@ class Manifest:
             version = body["version"]
             if version != MANIFEST_VERSION:
                 raise ManifestError(
-                    f"swarm: {origin} has version {version!r}; this swarm reads version "
+                    f"swarm: manifest {origin} has version {version!r}; this swarm reads version "
                     f"{MANIFEST_VERSION}: upgrade swarm or republish the artifact"
                 )
             manifest = cls(
@@ -167,19 +169,22 @@ class Manifest:
                 "`swarm publish`"
             ) from error
         manifest._check(origin, body.get("info_hash"))
-        if secret:
-            if not isinstance(signature, str) or not hmac.compare_digest(
-                signature, _sign(manifest._body(), secret)
-            ):
-                raise ManifestError(
-                    f"swarm: {origin} signature is missing or wrong for this SWARM_SECRET: "
-                    "the manifest was tampered with or published with another secret"
-                )
+        if secret and (
+            not isinstance(signature, str)
+            or not hmac.compare_digest(signature, _sign(manifest._body(), secret))
+        ):
+            raise ManifestError(
+                f"swarm: manifest {origin} signature is missing or wrong for this SWARM_SECRET: "
+                "the manifest was tampered with or published with another secret"
+            )
         return manifest
 
     def _check(self, origin: str, info_hash: object) -> None:
         def bad(why: str) -> ManifestError:
-            return ManifestError(f"swarm: {origin} is inconsistent ({why}); refusing it")
+            return ManifestError(
+                f"swarm: manifest {origin} is inconsistent ({why}); refusing it: republish "
+                "the artifact with `swarm publish`"
+            )
 
         check_name(self.name)
         if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):

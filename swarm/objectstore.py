@@ -24,6 +24,9 @@ SDK_MAX_ATTEMPTS = 8
 """botocore's own retries (``standard`` mode: capped, jittered exponential backoff on
 throttling, 5xx and connection errors), before our per-range retry takes over."""
 
+S3_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
+"""Everything boto3 raises for a failed S3 call (catch these, then :func:`raise_for`)."""
+
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 DENIED_CODES = frozenset(
     {
@@ -74,7 +77,9 @@ def make_client(endpoint_url: str | None = None, max_connections: int = 16) -> A
         # Path-style works with every S3-compatible server (MinIO, moto) and with AWS.
         s3={"addressing_style": "path"},
     )
-    return session.client("s3", endpoint_url=endpoint_url or None, region_name=region, config=config)
+    return session.client(
+        "s3", endpoint_url=endpoint_url or None, region_name=region, config=config
+    )
 
 
 def object_http_url(client: Any, url: S3Url) -> str:
@@ -111,7 +116,9 @@ def raise_for(error: Exception, url: S3Url, action: str = "read") -> NoReturn:
                 f"swarm: cannot {action} {url} ({detail}): the instance role or credentials "
                 f"need {verb} on arn:aws:s3:::{url.bucket}/*"
             ) from error
-        raise SwarmError(f"swarm: S3 error on {url} ({detail}): {err.get('Message', '')}") from error
+        raise SwarmError(
+            f"swarm: S3 error on {url} ({detail}): {err.get('Message', '')}"
+        ) from error
     if isinstance(error, botocore.exceptions.EndpointConnectionError | ConnectionError):
         raise SwarmError(
             f"swarm: cannot reach the S3 endpoint for {url} ({error}): check AWS_ENDPOINT_URL "

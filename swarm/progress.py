@@ -26,13 +26,14 @@ JSON_INTERVAL = 1.0
 """Seconds between JSON progress events (a log line a second is plenty for a machine)."""
 
 
-def emit(event: str, stream: TextIO = sys.stdout, **fields: Any) -> None:
+def emit(event: str, stream: TextIO | None = None, **fields: Any) -> None:
+    stream = stream or sys.stdout  # looked up per call: tests swap sys.stdout
     stream.write(json.dumps({"event": event, "ts": round(time.time(), 3), **fields}) + "\n")
     stream.flush()
 
 
 class JsonProgress(ProgressBase):
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
         self.total = 0
         self.done = 0
@@ -41,8 +42,15 @@ class JsonProgress(ProgressBase):
 
     def start(self, manifest: Manifest, dest: Path, done_bytes: int) -> None:
         self.total, self.done = manifest.size, done_bytes
-        emit("start", self.stream, name=manifest.name, dest=str(dest), size=manifest.size,
-             resumed_bytes=done_bytes, info_hash=manifest.info_hash)
+        emit(
+            "start",
+            self.stream,
+            name=manifest.name,
+            dest=str(dest),
+            size=manifest.size,
+            resumed_bytes=done_bytes,
+            info_hash=manifest.info_hash,
+        )
 
     def advance(self, nbytes: int) -> None:
         with self._lock:

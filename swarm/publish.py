@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import botocore.exceptions
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 
 from swarm import catalog
 from swarm.errors import UsageError
 from swarm.manifest import MANIFEST_SUFFIX, TORRENT_SUFFIX, Manifest
-from swarm.objectstore import S3Url, object_http_url, raise_for
+from swarm.objectstore import S3_ERRORS, S3Url, object_http_url, raise_for
 from swarm.pieces import MiB, default_piece_size
 
 UPLOAD_CONFIG = TransferConfig(
@@ -55,11 +55,13 @@ def publish(
         web_seed=object_http_url(client, dest),
     )
     try:
-        client.upload_file(str(path), dest.bucket, dest.key, Config=UPLOAD_CONFIG, Callback=on_bytes)
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-        raise_for(getattr(error, "last_exception", None) or error, dest, "write")
-    except Exception as error:  # boto3's S3UploadFailedError wraps the ClientError
-        raise_for(error.__cause__ or error, dest, "write")
+        client.upload_file(
+            str(path), dest.bucket, dest.key, Config=UPLOAD_CONFIG, Callback=on_bytes
+        )
+    except S3_ERRORS as error:
+        raise_for(error, dest, "write")
+    except S3UploadFailedError as error:  # raised while handling the real ClientError
+        raise_for(error.__cause__ or error.__context__ or error, dest, "write")
     for suffix, body in (
         (MANIFEST_SUFFIX, manifest.dumps(secret)),
         (TORRENT_SUFFIX, manifest.torrent),
@@ -67,9 +69,8 @@ def publish(
         target = S3Url(dest.bucket, dest.key + suffix)
         try:
             client.put_object(Bucket=target.bucket, Key=target.key, Body=body)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        except S3_ERRORS as error:
             raise_for(error, target, "write")
     if name:
         catalog.record(client, catalog_url, manifest)
     return manifest
-

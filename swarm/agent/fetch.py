@@ -60,7 +60,9 @@ def dest_already_matches(dest: Path, manifest: Manifest) -> bool:
     return digest.hexdigest() == manifest.sha256
 
 
-def run_with_deadline(deadline: float | None, cancel: threading.Event, work: Callable[[], None]) -> None:
+def run_with_deadline(
+    deadline: float | None, cancel: threading.Event, work: Callable[[], None]
+) -> None:
     """Run ``work``; if ``deadline`` seconds pass first, cancel it and raise DeadlineError."""
     timer = threading.Timer(deadline, cancel.set) if deadline else None
     if timer:
@@ -103,8 +105,12 @@ def fetch_in_process(
 
     def result(**extra: object) -> FetchResult:
         return FetchResult(
-            manifest.name, str(dest), manifest.size, manifest.sha256,
-            round(time.monotonic() - started, 3), **extra,  # type: ignore[arg-type]
+            manifest.name,
+            str(dest),
+            manifest.size,
+            manifest.sha256,
+            round(time.monotonic() - started, 3),
+            **extra,  # type: ignore[arg-type]
         )
 
     if dest_already_matches(dest, manifest):

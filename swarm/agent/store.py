@@ -102,17 +102,22 @@ class PieceFile:
         check_dest(self.dest)
         resumable = self._load_state()
         try:
+            allocated = self.partial.stat().st_blocks * 512
+        except FileNotFoundError:
+            allocated = 0
+        ensure_space(self.dest.parent, max(0, self.manifest.size - allocated))
+        try:
             self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise SwarmError(f"swarm: cannot create {self.partial}: {error.strerror}") from error
-        allocated = os.fstat(self._fd).st_blocks * 512
-        ensure_space(self.dest.parent, max(0, self.manifest.size - allocated))
         try:
             if self.manifest.size:
                 # Reserve every block now, so a full disk fails in a second, not at 90%.
                 os.posix_fallocate(self._fd, 0, self.manifest.size)
             os.ftruncate(self._fd, self.manifest.size)
         except OSError as error:
+            os.close(self._fd)
+            self._fd = -1
             if error.errno == errno.ENOSPC:
                 raise NoSpaceError(
                     f"swarm: no space left on the device holding {self.dest.parent} (ENOSPC) "
@@ -159,7 +164,10 @@ class PieceFile:
         Returns False (and counts a hash failure) when it does not match, so the source
         can fetch it again. A piece already held is accepted and ignored.
         """
-        if len(data) != self.layout.length(index) or hashlib.sha1(data).digest() != self._hashes[index]:
+        if (
+            len(data) != self.layout.length(index)
+            or hashlib.sha1(data).digest() != self._hashes[index]
+        ):
             with self._lock:
                 self.hash_failures += 1
             return False

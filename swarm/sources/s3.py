@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -154,7 +153,12 @@ class S3Source:
             delay = backoff_delay(attempt, self.rng)
             log.warning(
                 "s3 retry %d/%d for %s %s in %.2fs: %s",
-                attempt, MAX_RANGE_ATTEMPTS, self.url, byte_range.header, delay, reason,
+                attempt,
+                MAX_RANGE_ATTEMPTS,
+                self.url,
+                byte_range.header,
+                delay,
+                reason,
             )
             if self.cancel.wait(delay):
                 check_cancel(self.cancel)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.servers import moto_server
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """One real S3 server (moto_server) on loopback for the whole session."""
+    os.environ.update(CREDENTIALS)
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture
+def env(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment for swarm processes: S3 endpoint, credentials, a node home, no secret."""
+    values = {
+        **CREDENTIALS,
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "SWARM_HOME": str(tmp_path / "home"),
+        "SWARM_CONFIG": str(tmp_path / "no-such-swarm.toml"),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    for key in ("SWARM_SECRET", "SWARM_CATALOG", "SWARM_COORDINATOR", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    return {**os.environ, **values}
+
+
+@pytest.fixture
+def bucket(env: dict[str, str]) -> str:
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=name)
+    return name
+
+
+def make_artifact(path: Path, size: int, seed: int = 0) -> Path:
+    """A file of pseudo-random bytes (incompressible, repeatable by seed)."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("wb") as out:
+        left = size
+        while left:
+            n = min(left, 1 << 20)
+            out.write(rng.randbytes(n))
+            left -= n
+    return path
