@@ -185,14 +185,63 @@ def fetch(
     range_size: int,
     as_json: bool,
 ) -> None:
-    """Fetch SOURCE (s3://BUCKET/KEY or a catalog NAME) to DEST, verified, atomically."""
-    from swarm.agent.fetch import fetch_in_process
+    """Fetch SOURCE (s3://BUCKET/KEY or a catalog NAME) to DEST, verified, atomically.
+
+    Unless --no-daemon, the node's daemon (started on demand) fetches from peers and S3
+    at once and keeps seeding after DEST is placed.
+    """
     from swarm.progress import JsonProgress, RichProgress, emit
-    from swarm.sources.s3 import S3SourceConfig
 
     settings = config.load(catalog=catalog, endpoint_url=endpoint_url, coordinator=coordinator)
     use_json = as_json or not sys.stderr.isatty()
-    progress = JsonProgress() if use_json else RichProgress()
+    for src in sources:
+        if src not in ("s3", "peers"):
+            raise click.BadParameter(
+                f"{src!r}: use s3 or peers (udp:// is not available in this version)",
+                param_hint="--source",
+            )
+    if no_daemon:
+        if sources and set(sources) != {"s3"}:
+            raise click.BadParameter("--no-daemon fetches from S3 only", param_hint="--source")
+        result = _fetch_in_process(
+            source,
+            dest,
+            settings,
+            deadline,
+            concurrency,
+            range_size,
+            JsonProgress() if use_json else RichProgress(),
+        )
+    else:
+        result = _fetch_with_daemon(source, dest, settings, listen, sources, deadline, use_json)
+    if use_json:
+        emit("done", **result)
+    else:
+        rate = result["size"] / max(result["seconds"], 1e-9) / 2**20
+        how = "already present" if result.get("already_present") else f"{rate:.0f} MiB/s"
+        by = ", ".join(
+            f"{k} {v / 2**20:.0f} MiB" for k, v in result["bytes_by_source"].items() if v
+        )
+        click.echo(
+            f"{result['dest']}: {result['size']} bytes verified in {result['seconds']:.1f}s "
+            f"({how}{'; ' + by if by else ''})",
+            err=True,
+        )
+
+
+def _fetch_in_process(
+    source: str,
+    dest: Path,
+    settings: config.Settings,
+    deadline: float | None,
+    concurrency: int,
+    range_size: int,
+    progress: Any,
+) -> dict[str, Any]:
+    from swarm.agent.fetch import fetch_in_process
+    from swarm.progress import RichProgress
+    from swarm.sources.s3 import S3SourceConfig
+
     try:
         result = fetch_in_process(
             source,
@@ -207,16 +256,73 @@ def fetch(
     finally:
         if isinstance(progress, RichProgress):
             progress.stop()
-    if use_json:
-        emit("done", **asdict(result))
-    else:
-        rate = result.size / max(result.seconds, 1e-9) / 2**20
-        how = "already present" if result.already_present else f"{rate:.0f} MiB/s"
-        click.echo(
-            f"{result.dest}: {result.size} bytes, sha256 {result.sha256[:16]}… "
-            f"verified in {result.seconds:.1f}s ({how})",
-            err=True,
+    return asdict(result)
+
+
+def _fetch_with_daemon(
+    source: str,
+    dest: Path,
+    settings: config.Settings,
+    listen: str | None,
+    sources: tuple[str, ...],
+    deadline: float | None,
+    use_json: bool,
+) -> dict[str, Any]:
+    from swarm.agent.client import ensure_daemon, fetch_via_daemon
+    from swarm.agent.store import check_dest
+    from swarm.progress import DaemonProgress
+
+    dest = dest.absolute()
+    check_dest(dest)
+    client = ensure_daemon(settings.home, listen, settings.coordinator)
+    request = {
+        "source": source,
+        "catalog": settings.catalog,
+        "endpoint_url": settings.endpoint_url,
+        "sources": list(sources) or None,
+    }
+    progress = DaemonProgress(use_json)
+    try:
+        status = fetch_via_daemon(
+            client, request, dest, deadline=deadline, on_status=progress.update
         )
+    finally:
+        progress.stop()
+    return {
+        "name": status["name"],
+        "dest": str(dest),
+        "size": status["size"],
+        "sha256": status["sha256"],
+        "seconds": status["seconds"],
+        "bytes_by_source": status["bytes_by_source"],
+        "info_hash": status["info_hash"],
+    }
+
+
+@cli.command()
+@click.option(
+    "--listen",
+    default="0.0.0.0",
+    show_default=True,
+    help="IP address for the BitTorrent socket (one per node on a shared host).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=6881,
+    show_default=True,
+    help="BitTorrent listen port (0 = any free port).",
+)
+@click.option("--coordinator", help="Coordinator URL [SWARM_COORDINATOR].")
+@reports_errors
+def daemon(listen: str, port: int, coordinator: str | None) -> None:
+    """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
+    import asyncio
+
+    from swarm.agent.daemon import serve
+
+    settings = config.load(coordinator=coordinator)
+    asyncio.run(serve(settings, listen, port))
 
 
 def main() -> None:

@@ -91,3 +91,55 @@ class RichProgress(ProgressBase):
 
     def stop(self) -> None:
         self.bar.stop()
+
+
+class DaemonProgress:
+    """Progress of a daemon fetch, from its status snapshots (bytes per source shown)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.bar: Progress | None = None
+        self.task: Any = None
+        self._last = 0.0
+        self._started = False
+
+    def update(self, status: dict[str, Any]) -> None:
+        by = status["bytes_by_source"]
+        if self.as_json:
+            if not self._started:
+                self._started = True
+                emit(
+                    "start", name=status["name"], size=status["size"], info_hash=status["info_hash"]
+                )
+            now = time.monotonic()
+            if now - self._last >= JSON_INTERVAL or status["complete"]:
+                self._last = now
+                emit(
+                    "progress",
+                    bytes=status["have_bytes"],
+                    total=status["size"],
+                    bytes_by_source=by,
+                    peers=status["peers"],
+                )
+            return
+        if self.bar is None:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TextColumn("{task.fields[sources]}"),
+                console=Console(stderr=True),
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(status["name"], total=status["size"], sources="")
+        sources = " ".join(f"{k} {v / 2**20:.0f}M" for k, v in by.items() if v)
+        self.bar.update(
+            self.task,
+            completed=status["have_bytes"],
+            sources=f"{sources} ({status['peers']} peers)",
+        )
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,336 @@
+"""The node daemon: one libtorrent session, every artifact it holds, a local API.
+
+``swarm daemon`` runs this in the foreground (systemd); ``swarm fetch`` starts one in
+the background when none answers on ``$SWARM_HOME/daemon.sock``. The daemon keeps
+seeding whatever it holds: that is how existing instances seed new ones.
+
+State under ``SWARM_HOME``::
+
+    node_id                 this node's stable id (reported to the coordinator)
+    daemon.sock daemon.pid  local API (HTTP over a unix socket), pid for stopping it
+    daemon.lock             flock: one daemon per home
+    artifacts/IH.swarm      manifests of held artifacts (to seed again after a restart)
+    resume/IH.resume        libtorrent resume data (atomic writes)
+    data/IH/NAME            the artifact's bytes, seeded from here
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+from swarm import catalog
+from swarm.agent.hybrid import TorrentSink, origin_pieces, stripe_offset
+from swarm.config import Settings
+from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
+from swarm.manifest import Manifest
+from swarm.objectstore import make_client
+from swarm.sources import Cancelled
+from swarm.sources.peers import DEFAULT_PORT, TorrentSession
+from swarm.sources.s3 import S3Source, S3SourceConfig
+
+log = logging.getLogger(__name__)
+
+ORIGIN_GRACE = 1.0
+"""Seconds a new fetch waits for peers before it reads the origin: long enough for the
+first announce and handshakes on a LAN, short enough not to matter when there are none."""
+
+ORIGIN_BATCH = 16
+"""Pieces read from S3 per decision; the choice is made again after each batch, so
+pieces that arrive from peers meanwhile are not read from the origin."""
+
+ORIGIN_RANGE = 4 << 20
+"""Range size for origin reads in the daemon: small batches, so several ranges in flight."""
+
+ORIGIN_RETRY = 5.0
+REPORT_INTERVAL = 1.0
+SOURCES = ("s3", "peers")
+
+
+def sock_path(home: Path) -> Path:
+    return home / "daemon.sock"
+
+
+def node_id(home: Path) -> str:
+    path = home / "node_id"
+    if not path.exists():
+        path.write_text(secrets.token_hex(8))
+    return path.read_text().strip()
+
+
+@dataclass
+class Artifact:
+    """The daemon's view of one artifact it fetches or seeds."""
+
+    manifest: Manifest
+    path: Path
+    sink: TorrentSink
+    sources: tuple[str, ...] = SOURCES
+    cancel: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+    seconds: float | None = None
+    s3_error: str | None = None
+    origin_thread: threading.Thread | None = None
+
+
+class Daemon:
+    """Everything one node holds and seeds, behind one libtorrent session."""
+
+    def __init__(self, settings: Settings, listen_ip: str = "0.0.0.0", port: int = DEFAULT_PORT):
+        self.settings = settings
+        self.home = settings.home
+        self.listen_ip = listen_ip
+        for sub in ("artifacts", "resume", "data"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        self.node_id = node_id(self.home)
+        self.session = TorrentSession(listen_ip, port, self.home / "resume")
+        self.artifacts: dict[str, Artifact] = {}
+        self._lock = threading.Lock()
+        self.trackers = (
+            [settings.coordinator.rstrip("/") + "/announce"] if settings.coordinator else []
+        )
+
+    # -- artifacts --------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Seed again everything held before a restart (resume data spares a re-download)."""
+        for path in sorted((self.home / "artifacts").glob("*.swarm")):
+            try:
+                manifest = Manifest.loads(path.read_bytes(), origin=str(path))
+            except SwarmError as error:
+                log.warning("skipping %s: %s", path, error)
+                continue
+            self._add(manifest, sources=("peers",))
+            log.info("restored %s (%s)", manifest.name, manifest.info_hash)
+
+    def _add(self, manifest: Manifest, sources: tuple[str, ...]) -> Artifact:
+        with self._lock:
+            if manifest.info_hash in self.artifacts:
+                return self.artifacts[manifest.info_hash]
+            save_dir = self.home / "data" / manifest.info_hash
+            save_dir.mkdir(parents=True, exist_ok=True)
+            (self.home / "artifacts" / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
+            self.session.add(manifest, save_dir, self.trackers)
+            artifact = Artifact(
+                manifest, save_dir / manifest.name, TorrentSink(self.session, manifest), sources
+            )
+            self.artifacts[manifest.info_hash] = artifact
+            return artifact
+
+    def fetch(self, request: dict[str, Any]) -> Artifact:
+        """Resolve the source, add the torrent, start the origin reader. Blocking (S3 I/O)."""
+        source = request.get("source")
+        if not isinstance(source, str) or not source:
+            raise UsageError("swarm: the fetch request names no source")
+        sources = tuple(request.get("sources") or SOURCES)
+        unknown = [s for s in sources if s not in SOURCES]
+        if unknown:
+            raise UsageError(f"swarm: unknown source(s) {unknown}: use s3 or peers")
+        endpoint = request.get("endpoint_url") or self.settings.endpoint_url
+        client = make_client(endpoint)
+        url = catalog.resolve(client, source, request.get("catalog") or self.settings.catalog)
+        manifest = catalog.load_manifest(client, url, self.settings.secret)
+        artifact = self._add(manifest, sources)
+        if "s3" in sources and not artifact.sink.complete() and not artifact.origin_thread:
+            artifact.origin_thread = threading.Thread(
+                target=self._read_origin,
+                args=(artifact, endpoint),
+                daemon=True,
+                name=f"origin-{manifest.name}",
+            )
+            artifact.origin_thread.start()
+        return artifact
+
+    def _read_origin(self, artifact: Artifact, endpoint: str | None) -> None:
+        """Read from S3 the pieces no peer can give us (see :mod:`swarm.agent.hybrid`)."""
+        manifest, sink = artifact.manifest, artifact.sink
+        state = self.session.torrents[manifest.info_hash]
+        config = S3SourceConfig(range_size=ORIGIN_RANGE)
+        source = S3Source(make_client(endpoint), manifest, sink, artifact.cancel, config)
+        offset = stripe_offset(self.node_id, manifest.layout.count)
+        peers_only = "peers" not in artifact.sources
+        if not peers_only and state.finished.wait(ORIGIN_GRACE):
+            return
+        while not sink.complete() and not artifact.cancel.is_set():
+            handle = state.handle
+            missing = sink.missing()
+            if peers_only:
+                batch = missing[:ORIGIN_BATCH]
+            else:
+                in_flight = {p["piece_index"] for p in handle.get_download_queue()}
+                batch = origin_pieces(
+                    missing, handle.piece_availability(), in_flight, offset, ORIGIN_BATCH
+                )
+            if not batch:
+                state.finished.wait(0.25)
+                continue
+            try:
+                source.fetch(batch)
+                artifact.s3_error = None
+            except Cancelled:
+                return
+            except (AccessDeniedError, NotFoundError) as error:
+                artifact.s3_error = str(error)
+                log.error("origin reads stopped, peers only from now: %s", error)
+                return
+            except SwarmError as error:
+                artifact.s3_error = str(error)
+                log.warning("origin read failed, retrying in %.0fs: %s", ORIGIN_RETRY, error)
+                if artifact.cancel.wait(ORIGIN_RETRY):
+                    return
+
+    # -- status ---------------------------------------------------------------------------
+
+    def describe(self, artifact: Artifact) -> dict[str, Any]:
+        manifest = artifact.manifest
+        state = self.session.torrents.get(manifest.info_hash)
+        status = state.status if state else None
+        complete = artifact.sink.complete()
+        if complete and artifact.seconds is None:
+            artifact.seconds = round(time.monotonic() - artifact.started, 3)
+        have = status.total_wanted_done if status is not None else 0
+        s3 = artifact.sink.bytes_by_source.get("s3", 0)
+        return {
+            "info_hash": manifest.info_hash,
+            "name": manifest.name,
+            "size": manifest.size,
+            "sha256": manifest.sha256,
+            "path": str(artifact.path),
+            "state": "seeding" if complete else ("error" if state and state.error else "fetching"),
+            "complete": complete,
+            "have_bytes": manifest.size if complete else have,
+            "bytes_by_source": {
+                "peers": status.total_payload_download if status is not None else 0,
+                "s3": s3,
+                "udp": 0,
+            },
+            "down_rate": status.download_payload_rate if status is not None else 0,
+            "up_rate": status.upload_payload_rate if status is not None else 0,
+            "uploaded": status.total_payload_upload if status is not None else 0,
+            "peers": status.num_peers if status is not None else 0,
+            "seconds": artifact.seconds,
+            "error": (state.error if state else None),
+            "s3_error": artifact.s3_error,
+            "hash_failures": artifact.sink.hash_failures,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "addr": f"{self.listen_ip}:{self.session.listen_port}",
+            "artifacts": [self.describe(a) for a in list(self.artifacts.values())],
+        }
+
+    def close(self) -> None:
+        for artifact in self.artifacts.values():
+            artifact.cancel.set()
+        self.session.close()
+
+
+# -- the local API and the process ------------------------------------------------------------
+
+
+def error_response(error: SwarmError) -> web.Response:
+    return web.json_response({"error": str(error), "exit_code": error.exit_code}, status=400)
+
+
+def make_api(daemon: Daemon) -> web.Application:
+    routes = web.RouteTableDef()
+
+    @routes.get("/v1/health")
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"node": daemon.node_id, "pid": os.getpid()})
+
+    @routes.post("/v1/fetch")
+    async def fetch(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            artifact = await asyncio.get_running_loop().run_in_executor(None, daemon.fetch, body)
+        except SwarmError as error:
+            return error_response(error)
+        except ValueError as error:
+            return error_response(UsageError(f"swarm: bad fetch request: {error}"))
+        return web.json_response(daemon.describe(artifact))
+
+    @routes.get("/v1/artifacts")
+    async def artifacts(_: web.Request) -> web.Response:
+        return web.json_response(daemon.snapshot())
+
+    @routes.get("/v1/artifacts/{info_hash}")
+    async def artifact(request: web.Request) -> web.Response:
+        found = daemon.artifacts.get(request.match_info["info_hash"])
+        if not found:
+            return error_response(NotFoundError("swarm: this daemon holds no such artifact"))
+        return web.json_response(daemon.describe(found))
+
+    app = web.Application()
+    app.add_routes(routes)
+    return app
+
+
+async def report_loop(daemon: Daemon) -> None:
+    """Post this node's counters to the coordinator about once a second (soft state)."""
+    url = daemon.settings.coordinator.rstrip("/") + "/v1/report"  # type: ignore[union-attr]
+    async with ClientSession(timeout=ClientTimeout(total=2)) as http:
+        while True:
+            try:
+                async with http.post(url, json=daemon.snapshot()) as response:
+                    await response.read()
+            except (TimeoutError, OSError) as error:
+                log.debug("report to %s failed: %s", url, error)
+            await asyncio.sleep(REPORT_INTERVAL)
+
+
+def hold_lock(home: Path) -> int:
+    """One daemon per SWARM_HOME: an exclusive flock held for the process's life."""
+    fd = os.open(home / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SwarmError(f"swarm: a daemon already runs for {home}") from None
+    return fd
+
+
+async def serve(settings: Settings, listen_ip: str, port: int) -> None:
+    """Run the daemon until SIGTERM or SIGINT."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    lock = hold_lock(settings.home)
+    daemon = Daemon(settings, listen_ip, port)
+    daemon.restore()
+    sock = sock_path(settings.home)
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    runner = web.AppRunner(make_api(daemon), access_log=None)
+    await runner.setup()
+    await web.UnixSite(runner, str(sock)).start()
+    os.chmod(sock, 0o600)
+    (settings.home / "daemon.pid").write_text(str(os.getpid()))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    reporter = asyncio.create_task(report_loop(daemon)) if settings.coordinator else None
+    log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
+    try:
+        await stop.wait()
+    finally:
+        if reporter:
+            reporter.cancel()
+        await runner.cleanup()
+        await loop.run_in_executor(None, daemon.close)
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        os.close(lock)

@@ -1,0 +1,93 @@
+"""S3 pieces into the torrent: the hybrid of BitTorrent and the origin.
+
+``TorrentSink`` lets the S3 source write into a libtorrent torrent with ``add_piece``,
+so a piece read from S3 is offered to peers the moment libtorrent has checked it.
+
+``origin_pieces`` decides which pieces this node should read from S3 now, without a
+coordinator: only pieces that no connected peer has and that are not already on their
+way from a peer, starting at an offset derived from the node's id, so nodes that start
+together read different parts of the object and the swarm spreads them. A lone node
+(or one whose peers hold nothing) reads everything; a node among seeders reads nothing.
+The coordinator's striping (a later issue) replaces the offset with assignments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+
+from swarm.manifest import Manifest
+from swarm.sources.peers import TorrentSession
+
+
+class TorrentSink:
+    """The :class:`~swarm.sources.PieceSink` of a daemon: the torrent itself."""
+
+    def __init__(self, session: TorrentSession, manifest: Manifest) -> None:
+        self.session = session
+        self.manifest = manifest
+        self.info_hash = manifest.info_hash
+        self.handle = session.torrents[self.info_hash].handle
+        self._hashes = manifest.piece_hashes
+        self._lock = threading.Lock()
+        self.bytes_by_source: dict[str, int] = {}
+        self.hash_failures = 0
+
+    def have(self, index: int) -> bool:
+        return bool(self.handle.have_piece(index))
+
+    def complete(self) -> bool:
+        return self.session.torrents[self.info_hash].finished.is_set()
+
+    def missing(self) -> list[int]:
+        status = self.session.torrents[self.info_hash].status
+        if status is None:
+            return [i for i in range(self.manifest.layout.count) if not self.have(i)]
+        return [i for i, held in enumerate(status.pieces) if not held]
+
+    def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
+        if hashlib.sha1(data).digest() != self._hashes[index]:
+            with self._lock:
+                self.hash_failures += 1
+            return False
+        if not self.session.add_piece(self.info_hash, index, bytes(data)):
+            with self._lock:
+                self.hash_failures += 1
+            return False
+        with self._lock:
+            self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + len(data)
+        return True
+
+
+def stripe_offset(node_id: str, count: int) -> int:
+    """Where this node starts reading the origin: a stable hash of its id, mod piece count."""
+    if count == 0:
+        return 0
+    return int.from_bytes(hashlib.sha1(node_id.encode()).digest()[:8], "big") % count
+
+
+def origin_pieces(
+    missing: Sequence[int],
+    availability: Sequence[int],
+    in_flight_from_peers: set[int],
+    offset: int,
+    limit: int,
+) -> list[int]:
+    """Pieces to read from S3 now (pure).
+
+    Args:
+        missing: pieces this node does not hold.
+        availability: per piece, how many connected peers hold it.
+        in_flight_from_peers: pieces partly downloaded from peers already.
+        offset: this node's stripe start (:func:`stripe_offset`).
+        limit: at most this many (a batch; the choice is made again after it).
+    Returns:
+        Up to ``limit`` pieces nobody near us has, in order from ``offset`` round the end.
+    """
+    count = len(availability)
+    candidates = [
+        i for i in missing if i not in in_flight_from_peers and (i >= count or availability[i] == 0)
+    ]
+    candidates.sort(key=lambda i: (i - offset) % max(count, 1))
+    return candidates[:limit]

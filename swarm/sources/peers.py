@@ -1,0 +1,317 @@
+"""The BitTorrent side: one libtorrent session per daemon, behind one class.
+
+Settings are one dict (``session_settings``); one thread pops alerts and turns them into
+our own events (a finished piece, a finished torrent, resume data to save); statuses
+arrive as ``state_update_alert`` (``post_torrent_updates``), never by polling
+``status()`` in a sleep loop. Resume data is written atomically (temp, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fastbencode
+import libtorrent as lt
+
+from swarm.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+SOURCE = "peers"
+DEFAULT_PORT = 6881
+ALERT_WAIT_MS = 250
+STATUS_INTERVAL = 0.5
+"""Seconds between ``post_torrent_updates`` requests (progress and rates for reports)."""
+
+ADD_PIECE_TIMEOUT = 60.0
+
+
+def session_settings(listen_ip: str, port: int, peer_id_prefix: str = "-SW0100-") -> dict[str, Any]:
+    """The session's settings, chosen for a private fleet on a fast LAN/VPC.
+
+    Starts from libtorrent's ``high_performance_seed`` preset (deep send buffers, big
+    request queues, many connections), then:
+
+    - bind listen *and* outgoing sockets to ``listen_ip`` so several nodes can share a
+      host (one loopback address each) and the tracker sees the node's own address;
+    - DHT, LSD, UPnP and NAT-PMP off: peers come only from the fleet's coordinator (the
+      torrents are private, BEP 27), and nothing probes the VPC or the router;
+    - ``ssrf_mitigation`` stays on (libtorrent's default): a tracker on a loopback or
+      private address must use the ``/announce`` path, which ours does, and web seeds
+      may not point at local services with a query string;
+    - every fleet member is trusted, so no tit-for-tat: unchoke everyone (-1 slots) so
+      a seeder's upload is never idle while someone still needs data;
+    - no queueing of our torrents (active limits unlimited): a node seeds all it holds;
+    - local peers stay exempt from rate limits (``ignore_limits_on_local_network``,
+      the default) because there are no limits here; an upload cap is a later option.
+    """
+    settings = lt.high_performance_seed()
+    settings.update(
+        {
+            "listen_interfaces": f"{listen_ip}:{port}",
+            "outgoing_interfaces": listen_ip,
+            "enable_dht": False,
+            "enable_lsd": False,
+            "enable_upnp": False,
+            "enable_natpmp": False,
+            "ssrf_mitigation": True,
+            "allow_multiple_connections_per_ip": True,
+            "choking_algorithm": 0,  # fixed_slots
+            "unchoke_slots_limit": -1,
+            "active_downloads": -1,
+            "active_seeds": -1,
+            "active_limit": -1,
+            "peer_fingerprint": peer_id_prefix,
+            "user_agent": "swarm/0.1 libtorrent/" + lt.__version__,
+            "min_reconnect_time": 1,
+            "peer_connect_timeout": 3,
+            "tracker_completion_timeout": 10,
+            "tracker_receive_timeout": 5,
+            "stop_tracker_timeout": 1,
+            "min_announce_interval": 5,
+            "alert_mask": (
+                lt.alert.category_t.error_notification
+                | lt.alert.category_t.status_notification
+                | lt.alert.category_t.storage_notification
+                | lt.alert.category_t.piece_progress_notification
+                | lt.alert.category_t.tracker_notification
+            ),
+            "alert_queue_size": 10000,
+        }
+    )
+    return settings
+
+
+def strip_web_seeds(torrent: bytes) -> lt.torrent_info:
+    """A torrent_info without the ``url-list``: the daemon reads S3 itself (signed, striped),
+    so libtorrent must not also pull the same pieces from the web seed."""
+    meta = fastbencode.bdecode(torrent)
+    meta.pop(b"url-list", None)
+    meta.pop(b"httpseeds", None)
+    return lt.torrent_info(meta)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class TorrentState:
+    """What the session knows about one torrent, updated by the alert thread."""
+
+    info_hash: str
+    handle: Any
+    finished: threading.Event = field(default_factory=threading.Event)
+    """Set once every piece is held *and* flushed to disk (so another process may read it)."""
+    finishing: bool = False
+    status: Any = None
+    error: str | None = None
+    pending: dict[int, Future[bool]] = field(default_factory=dict)
+    resume_saved: threading.Event = field(default_factory=threading.Event)
+
+
+class TorrentSession:
+    """One libtorrent session and the thread that drains its alerts."""
+
+    def __init__(self, listen_ip: str, port: int, resume_dir: Path) -> None:
+        self.listen_ip = listen_ip
+        self.resume_dir = resume_dir
+        resume_dir.mkdir(parents=True, exist_ok=True)
+        params = lt.session_params()
+        params.settings = session_settings(listen_ip, port)
+        self.session = lt.session(params)
+        self.torrents: dict[str, TorrentState] = {}
+        self.on_finished: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+        self._running = True
+        self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
+        self._thread.start()
+
+    @property
+    def listen_port(self) -> int:
+        return self.session.listen_port()
+
+    # -- torrents ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        manifest: Manifest,
+        save_dir: Path,
+        trackers: list[str],
+        *,
+        seed_mode: bool = False,
+    ) -> TorrentState:
+        """Add (or return) the torrent of ``manifest``, its data under ``save_dir``.
+
+        Resume data saved earlier for this info-hash is used, so a restarted daemon goes
+        on seeding without downloading again. ``seed_mode`` is for a file already
+        verified by its whole-file SHA-256 (libtorrent then skips the initial check).
+        """
+        info_hash = manifest.info_hash
+        with self._lock:
+            if info_hash in self.torrents:
+                return self.torrents[info_hash]
+        resume_file = self.resume_dir / f"{info_hash}.resume"
+        params = lt.add_torrent_params()
+        if resume_file.exists():
+            try:
+                params = lt.read_resume_data(resume_file.read_bytes())
+            except RuntimeError as error:  # corrupt resume data: start over, verify files
+                log.warning("ignoring unreadable resume data %s: %s", resume_file, error)
+                params = lt.add_torrent_params()
+        params.ti = strip_web_seeds(manifest.torrent)
+        params.save_path = str(save_dir)
+        params.trackers = trackers
+        params.url_seeds = []
+        flags = params.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+        flags |= lt.torrent_flags.override_trackers | lt.torrent_flags.override_web_seeds
+        if seed_mode:
+            flags |= lt.torrent_flags.seed_mode
+        params.flags = flags
+        handle = self.session.add_torrent(params)
+        state = TorrentState(info_hash, handle)
+        with self._lock:
+            self.torrents[info_hash] = state
+        return state
+
+    def add_piece(self, info_hash: str, index: int, data: bytes) -> bool:
+        """Hand a verified piece to libtorrent; True once it is hashed and on its way to disk.
+
+        libtorrent hashes it again and answers with ``piece_finished_alert`` (kept, and
+        offered to peers at once) or ``hash_failed_alert``.
+        """
+        state = self.torrents[info_hash]
+        future: Future[bool] = Future()
+        with self._lock:
+            if state.handle.have_piece(index):
+                return True
+            state.pending[index] = future
+        state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
+        try:
+            return future.result(ADD_PIECE_TIMEOUT)
+        finally:
+            with self._lock:
+                state.pending.pop(index, None)
+
+    def save_resume(self, info_hash: str, flush: bool = False) -> None:
+        state = self.torrents[info_hash]
+        state.resume_saved.clear()
+        flags = lt.torrent_handle.save_info_dict
+        if flush:
+            flags |= lt.torrent_handle.flush_disk_cache
+        state.handle.save_resume_data(flags)
+
+    def _finishing(self, state: TorrentState) -> None:
+        """All pieces are in: flush them to disk (via save_resume_data), then say finished."""
+        if not state.finishing:
+            state.finishing = True
+            self.save_resume(state.info_hash, flush=True)
+
+    def remove(self, info_hash: str) -> None:
+        with self._lock:
+            state = self.torrents.pop(info_hash, None)
+        if state:
+            self.session.remove_torrent(state.handle)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Save resume data for every torrent, then stop the session."""
+        states = list(self.torrents.values())
+        for state in states:
+            with contextlib.suppress(RuntimeError):
+                self.save_resume(state.info_hash)
+        for state in states:
+            state.resume_saved.wait(timeout)
+        self._running = False
+        self._thread.join(timeout)
+        self.session.pause()
+
+    # -- the alert loop -------------------------------------------------------------------
+
+    def _state_of(self, handle: Any) -> TorrentState | None:
+        try:
+            return self.torrents.get(str(handle.info_hashes().v1))
+        except RuntimeError:  # the handle is gone
+            return None
+
+    def _alert_loop(self) -> None:
+        last_update = 0.0
+        while self._running:
+            now = time.monotonic()
+            if now - last_update >= STATUS_INTERVAL:
+                self.session.post_torrent_updates()
+                last_update = now
+            if not self.session.wait_for_alert(ALERT_WAIT_MS):
+                continue
+            for alert in self.session.pop_alerts():
+                try:
+                    self._dispatch(alert)
+                except Exception:  # one bad alert must not kill the session's loop
+                    log.exception("error handling %s", type(alert).__name__)
+
+    def _dispatch(self, alert: Any) -> None:
+        if isinstance(alert, lt.state_update_alert):
+            for status in alert.status:
+                state = self._state_of(status.handle)
+                if state:
+                    state.status = status
+                    if status.is_seeding:  # also covers a torrent restored complete
+                        self._finishing(state)
+            return
+        if isinstance(alert, lt.piece_finished_alert | lt.hash_failed_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                with self._lock:
+                    future = state.pending.get(alert.piece_index)
+                if future and not future.done():
+                    future.set_result(isinstance(alert, lt.piece_finished_alert))
+            if isinstance(alert, lt.hash_failed_alert):
+                log.warning("piece %d failed its hash check", alert.piece_index)
+            return
+        if isinstance(alert, lt.torrent_finished_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                self._finishing(state)
+            return
+        if isinstance(alert, lt.save_resume_data_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                blob = lt.write_resume_data_buf(alert.params)
+                write_atomically(self.resume_dir / f"{state.info_hash}.resume", blob)
+                state.resume_saved.set()
+                if state.finishing and not state.finished.is_set():
+                    state.finished.set()
+                    if self.on_finished:
+                        self.on_finished(state.info_hash)
+            return
+        if isinstance(alert, lt.save_resume_data_failed_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                state.resume_saved.set()
+                if state.finishing:  # retry the flush; a finished torrent must be flushed
+                    state.finishing = False
+            return
+        if isinstance(alert, lt.torrent_error_alert | lt.file_error_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                state.error = alert.message()
+            log.error("%s", alert.message())
+            return
+        if isinstance(alert, lt.tracker_error_alert):
+            log.info("tracker: %s", alert.message())
+            return
+        if alert.category() & lt.alert.category_t.error_notification:
+            log.warning("%s", alert.message())
