@@ -325,5 +325,38 @@ def daemon(listen: str, port: int, coordinator: str | None) -> None:
     asyncio.run(serve(settings, listen, port))
 
 
+@cli.command()
+@click.option("--listen", default="0.0.0.0:7070", show_default=True, help="HOST:PORT to serve on.")
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="SQLite file for completed-fetch history (default: in memory).",
+)
+@reports_errors
+def coordinator(listen: str, db: Path | None) -> None:
+    """Run the coordinator: BitTorrent tracker, fleet view, reports, metrics."""
+    from swarm.coordinator.app import run
+
+    run(listen, db)
+
+
+@cli.command()
+@click.option(
+    "--size",
+    default="256M",
+    show_default=True,
+    callback=lambda _c, _p, v: parse_size(v),
+    help="Size of the generated artifact.",
+)
+@click.option("--nodes", type=click.IntRange(1, 20), default=4, show_default=True)
+@click.option("--keep", is_flag=True, help="Keep the work directory (logs, node homes).")
+@reports_errors
+def demo(size: int, nodes: int, keep: bool) -> None:
+    """Run S3, a coordinator and NODES nodes on loopback; fetch one artifact on all at once."""
+    from swarm.demo import run_demo
+
+    sys.exit(run_demo(size, nodes, keep))
+
+
 def main() -> None:
     cli(prog_name="swarm")

@@ -25,6 +25,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,9 @@ ORIGIN_GRACE = 1.0
 """Seconds a new fetch waits for peers before it reads the origin: long enough for the
 first announce and handshakes on a LAN, short enough not to matter when there are none."""
 
-ORIGIN_BATCH = 16
-"""Pieces read from S3 per decision; the choice is made again after each batch, so
-pieces that arrive from peers meanwhile are not read from the origin."""
-
-ORIGIN_RANGE = 4 << 20
-"""Range size for origin reads in the daemon: small batches, so several ranges in flight."""
+ORIGIN_BATCH_BYTES = 32 << 20
+"""Bytes read from S3 per decision (two 16 MiB ranges in flight); the choice is made
+again after each batch, so pieces that arrive from peers meanwhile are not read twice."""
 
 ORIGIN_RETRY = 5.0
 REPORT_INTERVAL = 1.0
@@ -157,21 +155,22 @@ class Daemon:
         """Read from S3 the pieces no peer can give us (see :mod:`swarm.agent.hybrid`)."""
         manifest, sink = artifact.manifest, artifact.sink
         state = self.session.torrents[manifest.info_hash]
-        config = S3SourceConfig(range_size=ORIGIN_RANGE)
+        config = S3SourceConfig()
+        batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
         source = S3Source(make_client(endpoint), manifest, sink, artifact.cancel, config)
         offset = stripe_offset(self.node_id, manifest.layout.count)
-        peers_only = "peers" not in artifact.sources
-        if not peers_only and state.finished.wait(ORIGIN_GRACE):
+        s3_only = "peers" not in artifact.sources
+        if not s3_only and state.finished.wait(ORIGIN_GRACE):
             return
         while not sink.complete() and not artifact.cancel.is_set():
             handle = state.handle
             missing = sink.missing()
-            if peers_only:
-                batch = missing[:ORIGIN_BATCH]
+            if s3_only:
+                batch = missing  # all of it, at full speed
             else:
                 in_flight = {p["piece_index"] for p in handle.get_download_queue()}
                 batch = origin_pieces(
-                    missing, handle.piece_availability(), in_flight, offset, ORIGIN_BATCH
+                    missing, handle.piece_availability(), in_flight, offset, batch_pieces
                 )
             if not batch:
                 state.finished.wait(0.25)
@@ -304,8 +303,13 @@ def hold_lock(home: Path) -> int:
     return fd
 
 
-async def serve(settings: Settings, listen_ip: str, port: int) -> None:
-    """Run the daemon until SIGTERM or SIGINT."""
+async def serve(
+    settings: Settings,
+    listen_ip: str,
+    port: int,
+    on_ready: Callable[[Daemon], Awaitable[None]] | None = None,
+) -> None:
+    """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders)."""
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
     daemon = Daemon(settings, listen_ip, port)
@@ -323,12 +327,14 @@ async def serve(settings: Settings, listen_ip: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     reporter = asyncio.create_task(report_loop(daemon)) if settings.coordinator else None
+    starter = asyncio.create_task(on_ready(daemon)) if on_ready else None
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
     try:
         await stop.wait()
     finally:
-        if reporter:
-            reporter.cancel()
+        for task in (reporter, starter):
+            if task:
+                task.cancel()
         await runner.cleanup()
         await loop.run_in_executor(None, daemon.close)
         with contextlib.suppress(FileNotFoundError):
