@@ -293,6 +293,7 @@ class TorrentSession:
                 write_atomically(self.resume_dir / f"{state.info_hash}.resume", blob)
                 state.resume_saved.set()
                 if state.finishing and not state.finished.is_set():
+                    state.status = state.handle.status()  # final counters, not 0.5 s old ones
                     state.finished.set()
                     if self.on_finished:
                         self.on_finished(state.info_hash)

@@ -1,0 +1,150 @@
+"""The swarm on loopback: coordinator, S3 server, origin seeder, node daemons (real libtorrent)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import boto3
+import fastbencode
+import pytest
+
+from tests.conftest import make_artifact
+from tests.servers import FaultProxy, Faults, wait_until
+from tests.swarmnet import SWARM, Swarm, done_event, get_json
+
+MiB = 1 << 20
+SIZE = 24 * MiB
+FETCH_TIMEOUT = 120
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def artifact(env, bucket, tmp_path):
+    """A published artifact with a catalog entry; returns (path, catalog, name)."""
+    src = make_artifact(tmp_path / "index.db", SIZE, seed=3)
+    catalog = f"s3://{bucket}/catalog/"
+    subprocess.run(
+        [
+            SWARM,
+            "publish",
+            str(src),
+            f"s3://{bucket}/b/index.db",
+            "--name",
+            "index.db",
+            "--catalog",
+            catalog,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    env["SWARM_CATALOG"] = catalog
+    return src
+
+
+@pytest.fixture
+def swarm(env, tmp_path, artifact):
+    with Swarm(tmp_path / "swarm", {**env}) as swarm:
+        (tmp_path / "swarm").mkdir()
+        swarm.start_coordinator()
+        yield swarm
+
+
+def test_four_nodes_and_an_origin_seeder_all_complete(swarm, artifact, tmp_path):
+    seeder = swarm.start_origin_seeder(swarm.env["SWARM_CATALOG"], "index.db")
+    nodes = [swarm.node(i) for i in range(4)]
+    fetches = [(n, n.fetch("index.db", tmp_path / f"{n.name}.db")) for n in nodes]
+    for node, process in fetches:
+        done = done_event(process, FETCH_TIMEOUT)
+        assert sha256(tmp_path / f"{node.name}.db") == sha256(artifact)
+        assert sum(done["bytes_by_source"].values()) >= SIZE
+    # the seeder holds and seeds it too
+    wait_until(lambda: seeder.daemon_pid() is not None, 30, "the seeder's pid file")
+    fleet = get_json(swarm.coordinator_url + "/v1/fleet")
+    assert any(a["name"] == "index.db" for a in fleet["artifacts"])
+
+
+def test_late_node_takes_most_bytes_from_peers(swarm, artifact, tmp_path):
+    first = [swarm.node(i) for i in range(2)]
+    for node in first:
+        done_event(node.fetch("index.db", tmp_path / f"{node.name}.db"), FETCH_TIMEOUT)
+    late = swarm.node(5)
+    done = done_event(late.fetch("index.db", tmp_path / "late.db"), FETCH_TIMEOUT)
+    assert sha256(tmp_path / "late.db") == sha256(artifact)
+    by = done["bytes_by_source"]
+    assert by["peers"] >= 0.8 * SIZE, by
+    assert by["s3"] <= 0.2 * SIZE, by
+    # the daemons keep seeding after their fetch returned
+    status = first[0].status()
+    assert status["artifacts"][0]["state"] == "seeding"
+    assert (
+        status["artifacts"][0]["uploaded"] > 0 or first[1].status()["artifacts"][0]["uploaded"] > 0
+    )
+
+
+def test_coordinator_killed_and_restarted_mid_fetch(swarm, artifact, env, tmp_path):
+    # Slow the origin down so the fetch is surely in flight when the coordinator dies.
+    with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=6 * MiB)) as proxy:
+        nodes = [swarm.node(i) for i in range(3)]
+        for node in nodes:
+            node.env["AWS_ENDPOINT_URL"] = proxy.url
+        fetches = [(n, n.fetch("index.db", tmp_path / f"{n.name}.db")) for n in nodes]
+        wait_until(
+            lambda: (
+                all(n.daemon_pid() for n in nodes)
+                and all(a["have_bytes"] > 0 for n in nodes for a in n.status()["artifacts"])
+            ),
+            60,
+            "every node to make progress",
+        )
+        swarm.kill_coordinator()
+        swarm.start_coordinator()
+        for node, process in fetches:
+            done_event(process, FETCH_TIMEOUT)
+            assert sha256(tmp_path / f"{node.name}.db") == sha256(artifact)
+
+
+def test_aria2c_downloads_from_swarm_seeders_through_swarm_tracker(
+    swarm, artifact, env, bucket, tmp_path
+):
+    seeders = [swarm.node(i) for i in range(2)]
+    for node in seeders:
+        done_event(node.fetch("index.db", tmp_path / f"{node.name}.db"), FETCH_TIMEOUT)
+    # The published torrent, minus its S3 web seed: every byte must come from swarm's peers.
+    torrent = boto3.client("s3").get_object(Bucket=bucket, Key="b/index.db.torrent")["Body"].read()
+    meta = fastbencode.bdecode(torrent)
+    meta.pop(b"url-list", None)
+    path = tmp_path / "index.db.torrent"
+    path.write_bytes(fastbencode.bencode(meta))
+    out = tmp_path / "aria2"
+    subprocess.run(
+        [
+            "aria2c",
+            "--bt-tracker",
+            swarm.coordinator_url + "/announce",
+            "--enable-dht=false",
+            "--bt-enable-lpd=false",
+            "--enable-peer-exchange=false",
+            "--seed-time=0",
+            "--listen-port=16881-16889",
+            "--check-integrity=true",
+            "--summary-interval=0",
+            "--console-log-level=warn",
+            "--bt-stop-timeout=60",
+            "-d",
+            str(out),
+            str(path),
+        ],
+        check=True,
+        timeout=FETCH_TIMEOUT,
+        capture_output=True,
+    )
+    assert sha256(out / "index.db") == sha256(artifact)
+    uploaded = sum(n.status()["artifacts"][0]["uploaded"] for n in seeders)
+    assert uploaded >= SIZE

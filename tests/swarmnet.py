@@ -1,0 +1,183 @@
+"""Swarm processes for tests: coordinator, node daemons (via `swarm fetch`), origin seeder.
+
+Everything started here is stopped by its pid (daemons by their pid file), even when a
+test fails: use the ``Swarm`` object as a context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.servers import BIN, free_port, wait_until
+
+SWARM = str(BIN / "swarm")
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@dataclass
+class Node:
+    name: str
+    ip: str
+    home: Path
+    env: dict[str, str]
+    fetches: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    def fetch(self, source: str, dest: Path, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [SWARM, "fetch", source, str(dest), "--listen", self.ip, "--json", *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.fetches.append(process)
+        return process
+
+    def daemon_pid(self) -> int | None:
+        try:
+            return int((self.home / "daemon.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def status(self) -> dict[str, Any]:
+        from swarm.agent.client import DaemonClient
+
+        return DaemonClient(self.home).call("GET", "/v1/artifacts")
+
+
+def done_event(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """Wait for a `swarm fetch --json` process; return its final event (fail on error)."""
+    out, err = process.communicate(timeout=timeout)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert process.returncode == 0, f"fetch failed ({process.returncode}): {err[-2000:]}"
+    assert events and events[-1]["event"] == "done", out[-2000:]
+    return events[-1]
+
+
+class Swarm:
+    """A coordinator and nodes on 127.0.0.x, cleaned up on exit."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.env = dict(env)
+        self.nodes: list[Node] = []
+        self.processes: list[subprocess.Popen[Any]] = []
+        self.coordinator_port = free_port()
+        self.coordinator_url = f"http://127.0.0.1:{self.coordinator_port}"
+        self.coordinator: subprocess.Popen[Any] | None = None
+
+    def __enter__(self) -> Swarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start_coordinator(self) -> None:
+        log = (self.root / "coordinator.log").open("ab")
+        self.coordinator = subprocess.Popen(
+            [
+                SWARM,
+                "coordinator",
+                "--listen",
+                f"127.0.0.1:{self.coordinator_port}",
+                "--db",
+                str(self.root / "history.db"),
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        self.processes.append(self.coordinator)
+
+        def healthy() -> bool:
+            try:
+                return get_json(self.coordinator_url + "/healthz")["ok"]
+            except OSError:
+                return False
+
+        wait_until(healthy, 30, "the coordinator")
+
+    def kill_coordinator(self) -> None:
+        assert self.coordinator
+        self.coordinator.kill()
+        self.coordinator.wait(10)
+
+    def node(self, index: int) -> Node:
+        ip = f"127.0.0.{index + 10}"
+        home = self.root / f"node{index}"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "SWARM_HOME": str(home), "SWARM_COORDINATOR": self.coordinator_url}
+        node = Node(f"node{index}", ip, home, env)
+        self.nodes.append(node)
+        return node
+
+    def start_origin_seeder(self, catalog: str, name: str) -> Node:
+        node = self.node(99)
+        log = (node.home / "seeder.log").open("ab")
+        process = subprocess.Popen(
+            [
+                str(BIN / "swarm-seeder"),
+                "origin",
+                "--catalog",
+                catalog,
+                "--artifact",
+                name,
+                "--listen",
+                node.ip,
+                "--coordinator",
+                self.coordinator_url,
+            ],
+            env=node.env,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        self.processes.append(process)
+        return node
+
+    def stop(self) -> None:
+        pids = [p for p in (n.daemon_pid() for n in self.nodes) if p]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for process in self.processes + [f for n in self.nodes for f in n.fetches]:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + 10
+        for pid in pids:
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for process in self.processes + [f for n in self.nodes for f in n.fetches]:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
