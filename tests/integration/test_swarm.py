@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -148,3 +150,48 @@ def test_aria2c_downloads_from_swarm_seeders_through_swarm_tracker(
     assert sha256(out / "index.db") == sha256(artifact)
     uploaded = sum(n.status()["artifacts"][0]["uploaded"] for n in seeders)
     assert uploaded >= SIZE
+
+
+def test_restarted_daemon_seeds_again_without_downloading(swarm, artifact, tmp_path):
+    first = swarm.node(0)
+    done_event(first.fetch("index.db", tmp_path / "first.db"), FETCH_TIMEOUT)
+    pid = first.daemon_pid()
+    assert pid
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 30, "daemon exit")
+    assert list((first.home / "resume").glob("*.resume"))
+
+    log = (first.home / "daemon2.log").open("ab")
+    restarted = subprocess.Popen(
+        [SWARM, "daemon", "--listen", first.ip], env=first.env, stdout=log, stderr=log
+    )
+    log.close()
+    swarm.processes.append(restarted)
+    wait_until(
+        lambda: first.daemon_pid() == restarted.pid and _artifacts(first) != [], 30, "restart"
+    )
+    wait_until(lambda: _artifacts(first)[0]["state"] == "seeding", 30, "seeding from resume")
+    again = _artifacts(first)[0]
+    assert again["bytes_by_source"] == {"peers": 0, "s3": 0, "udp": 0}  # nothing downloaded
+
+    # A new node that may use peers only gets everything from the restarted daemon.
+    late = swarm.node(1)
+    done = done_event(
+        late.fetch("index.db", tmp_path / "late.db", "--source", "peers"), FETCH_TIMEOUT
+    )
+    assert done["bytes_by_source"]["peers"] >= SIZE and done["bytes_by_source"]["s3"] == 0
+    assert sha256(tmp_path / "late.db") == sha256(artifact)
+
+
+def _artifacts(node) -> list:
+    try:
+        return node.status()["artifacts"]
+    except OSError:
+        return []
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
