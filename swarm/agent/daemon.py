@@ -33,11 +33,18 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, web
 
 from swarm import catalog
-from swarm.agent.hybrid import TorrentSink, origin_pieces, stripe_offset
+from swarm.agent.hybrid import (
+    LocalOriginPolicy,
+    TorrentSink,
+    bitfield,
+    stripe_offset,
+    wide_pieces,
+)
 from swarm.config import Settings
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
 from swarm.manifest import Manifest
 from swarm.objectstore import make_client
+from swarm.policy import Mode
 from swarm.sources import Cancelled
 from swarm.sources.peers import DEFAULT_PORT, TorrentSession
 from swarm.sources.s3 import S3Source, S3SourceConfig
@@ -51,6 +58,10 @@ first announce and handshakes on a LAN, short enough not to matter when there ar
 ORIGIN_BATCH_BYTES = 32 << 20
 """Bytes read from S3 per decision (two 16 MiB ranges in flight); the choice is made
 again after each batch, so pieces that arrive from peers meanwhile are not read twice."""
+
+PLAN_TTL = 3.0
+"""A coordinator plan older than this (three missed reports) is stale: the node decides
+alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
 
 ORIGIN_RETRY = 5.0
 REPORT_INTERVAL = 1.0
@@ -81,6 +92,10 @@ class Artifact:
     seconds: float | None = None
     s3_error: str | None = None
     origin_thread: threading.Thread | None = None
+    plan: dict[str, Any] | None = None
+    """The coordinator's latest origin plan for us: ``{"stripe", "mode", "s3_estimate"}``."""
+    plan_at: float = 0.0
+    plan_updated: threading.Event = field(default_factory=threading.Event)
 
 
 class Daemon:
@@ -96,6 +111,7 @@ class Daemon:
         self.session = TorrentSession(listen_ip, port, self.home / "resume")
         self.artifacts: dict[str, Artifact] = {}
         self._lock = threading.Lock()
+        self.wake_reporter: Callable[[], object] = lambda: None
         self.trackers = (
             [settings.coordinator.rstrip("/") + "/announce"] if settings.coordinator else []
         )
@@ -143,7 +159,7 @@ class Daemon:
         artifact = self._add(manifest, sources)
         if "s3" in sources and not artifact.sink.complete() and not artifact.origin_thread:
             artifact.origin_thread = threading.Thread(
-                target=self._read_origin,
+                target=self._origin_worker,
                 args=(artifact, endpoint),
                 daemon=True,
                 name=f"origin-{manifest.name}",
@@ -151,33 +167,72 @@ class Daemon:
             artifact.origin_thread.start()
         return artifact
 
+    def _origin_worker(self, artifact: Artifact, endpoint: str | None) -> None:
+        """The origin reader's thread: a bug in one round must not stall the fetch."""
+        while not artifact.cancel.is_set():
+            try:
+                self._read_origin(artifact, endpoint)
+                return
+            except Exception as error:
+                artifact.s3_error = f"internal error: {error!r}"
+                log.exception("origin reader of %s failed; restarting", artifact.manifest.name)
+                if artifact.cancel.wait(ORIGIN_RETRY):
+                    return
+
     def _read_origin(self, artifact: Artifact, endpoint: str | None) -> None:
-        """Read from S3 the pieces no peer can give us (see :mod:`swarm.agent.hybrid`)."""
+        """Read from S3 what the plan says: the coordinator's stripe, or everything missing
+        when the swarm is too slow (WIDE), or, without a fresh plan, the local choice."""
         manifest, sink = artifact.manifest, artifact.sink
         state = self.session.torrents[manifest.info_hash]
-        config = S3SourceConfig()
+        source = S3Source(make_client(endpoint), manifest, sink, artifact.cancel, S3SourceConfig())
         batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
-        source = S3Source(make_client(endpoint), manifest, sink, artifact.cancel, config)
-        offset = stripe_offset(self.node_id, manifest.layout.count)
+        local = LocalOriginPolicy(stripe_offset(self.node_id, manifest.layout.count))
         s3_only = "peers" not in artifact.sources
-        if not s3_only and state.finished.wait(ORIGIN_GRACE):
+        if not s3_only and self.trackers:
+            self.wake_reporter()
+            artifact.plan_updated.wait(ORIGIN_GRACE)  # the coordinator's first plan
+        elif not s3_only and state.finished.wait(ORIGIN_GRACE):
             return
         while not sink.complete() and not artifact.cancel.is_set():
             handle = state.handle
             missing = sink.missing()
+            status = state.status
+            peers_rate = float(status.download_payload_rate) if status is not None else 0.0
+            now = time.monotonic()
+            plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
             if s3_only:
                 batch = missing  # all of it, at full speed
             else:
                 in_flight = {p["piece_index"] for p in handle.get_download_queue()}
-                batch = origin_pieces(
-                    missing, handle.piece_availability(), in_flight, offset, batch_pieces
-                )
+                if plan is not None:
+                    if plan["mode"] == Mode.WIDE:
+                        availability = handle.piece_availability()
+                        batch = wide_pieces(missing, availability, in_flight, batch_pieces)
+                    else:
+                        batch = [p for p in plan["stripe"] if not sink.have(p)]
+                else:
+                    s3_bytes = sink.bytes_by_source.get("s3", 0)
+                    batch = local.choose(
+                        missing,
+                        handle.piece_availability(),
+                        in_flight,
+                        batch_pieces,
+                        piece_size=manifest.piece_size,
+                        peers_rate=peers_rate,
+                        s3_bytes=s3_bytes,
+                        now=now,
+                    )
             if not batch:
-                state.finished.wait(0.25)
+                artifact.plan_updated.clear()
+                artifact.plan_updated.wait(0.25)
                 continue
             try:
+                artifact.plan_updated.clear()
                 source.fetch(batch)
                 artifact.s3_error = None
+                if plan is not None:  # report the finished stripe now, for the next one
+                    self.wake_reporter()
+                    artifact.plan_updated.wait(0.5)
             except Cancelled:
                 return
             except (AccessDeniedError, NotFoundError) as error:
@@ -223,7 +278,20 @@ class Daemon:
             "error": (state.error if state else None),
             "s3_error": artifact.s3_error,
             "hash_failures": artifact.sink.hash_failures,
+            "elapsed": round(time.monotonic() - artifact.started, 3),
+            "piece_size": manifest.piece_size,
+            "piece_count": manifest.layout.count,
+            "pieces": bitfield(status.pieces) if status is not None else None,
+            "mode": (artifact.plan or {}).get("mode"),
         }
+
+    def take_plans(self, plans: dict[str, Any]) -> None:
+        now = time.monotonic()
+        for info_hash, plan in plans.items():
+            artifact = self.artifacts.get(info_hash)
+            if artifact is not None and isinstance(plan, dict):
+                artifact.plan, artifact.plan_at = plan, now
+                artifact.plan_updated.set()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -279,17 +347,21 @@ def make_api(daemon: Daemon) -> web.Application:
     return app
 
 
-async def report_loop(daemon: Daemon) -> None:
-    """Post this node's counters to the coordinator about once a second (soft state)."""
+async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
+    """Post this node's counters to the coordinator about once a second (soft state), and
+    take the origin plans of its reply. ``wake`` sends a report at once (a new fetch)."""
     url = daemon.settings.coordinator.rstrip("/") + "/v1/report"  # type: ignore[union-attr]
     async with ClientSession(timeout=ClientTimeout(total=2)) as http:
         while True:
             try:
                 async with http.post(url, json=daemon.snapshot()) as response:
-                    await response.read()
-            except (TimeoutError, OSError) as error:
+                    reply = await response.json() if response.status == 200 else {}
+                daemon.take_plans(reply.get("plans") or {})
+            except (TimeoutError, OSError, ValueError) as error:
                 log.debug("report to %s failed: %s", url, error)
-            await asyncio.sleep(REPORT_INTERVAL)
+            wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), REPORT_INTERVAL)
 
 
 def hold_lock(home: Path) -> int:
@@ -326,7 +398,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reporter = asyncio.create_task(report_loop(daemon)) if settings.coordinator else None
+    wake = asyncio.Event()
+    daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
+    reporter = asyncio.create_task(report_loop(daemon, wake)) if settings.coordinator else None
     starter = asyncio.create_task(on_ready(daemon)) if on_ready else None
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
     try:

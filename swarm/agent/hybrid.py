@@ -8,16 +8,19 @@ coordinator: only pieces that no connected peer has and that are not already on 
 way from a peer, starting at an offset derived from the node's id, so nodes that start
 together read different parts of the object and the swarm spreads them. A lone node
 (or one whose peers hold nothing) reads everything; a node among seeders reads nothing.
-The coordinator's striping (a later issue) replaces the offset with assignments.
+With a coordinator, its stripes replace the offset (see ``swarm.coordinator.origin``);
+this module is what a node does alone.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 from collections.abc import Sequence
 
 from swarm.manifest import Manifest
+from swarm.policy import MixState, Mode, decide, ema, rate
 from swarm.sources.peers import TorrentSession
 
 
@@ -91,3 +94,71 @@ def origin_pieces(
     ]
     candidates.sort(key=lambda i: (i - offset) % max(count, 1))
     return candidates[:limit]
+
+
+def bitfield(pieces: Sequence[bool]) -> str:
+    """Held pieces as a base64 BitTorrent bitfield (piece 0 = high bit of byte 0)."""
+    blob = bytearray((len(pieces) + 7) // 8)
+    for index, held in enumerate(pieces):
+        if held:
+            blob[index // 8] |= 0x80 >> (index % 8)
+    return base64.b64encode(bytes(blob)).decode()
+
+
+def wide_pieces(
+    missing: Sequence[int],
+    availability: Sequence[int],
+    in_flight_from_peers: set[int],
+    limit: int,
+) -> list[int]:
+    """WIDE mode: missing pieces that peers hold (but deliver too slowly) and that are not
+    already on their way from one, from the end of the file backwards, so S3 and the
+    swarm meet in the middle. Pieces nobody holds are left to their stripes."""
+    count = len(availability)
+    chosen = [
+        i
+        for i in reversed(missing)
+        if i not in in_flight_from_peers and i < count and availability[i] > 0
+    ]
+    return chosen[:limit]
+
+
+class LocalOriginPolicy:
+    """A node's own origin choice when no fresh coordinator plan exists.
+
+    STRIPE mode reads :func:`origin_pieces` (nobody near us has them); WIDE mode, decided
+    by :func:`swarm.policy.decide` from this node's swarm rate against its own S3 rate,
+    reads :func:`wide_pieces`.
+    """
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.state = MixState()
+        self.s3_rate: float | None = None
+        self._last: tuple[float, int] | None = None
+
+    def choose(
+        self,
+        missing: Sequence[int],
+        availability: Sequence[int],
+        in_flight_from_peers: set[int],
+        limit: int,
+        *,
+        piece_size: int,
+        peers_rate: float,
+        s3_bytes: int,
+        now: float,
+    ) -> list[int]:
+        if self._last is not None:
+            dt = now - self._last[0]
+            if dt > 0:
+                sample = rate(self._last[1], s3_bytes, dt)
+                if sample > 0:  # what S3 gives while we read it; idle time says nothing
+                    self.s3_rate = ema(self.s3_rate, sample, dt)
+        self._last = (now, s3_bytes)
+        count = len(availability)
+        backlog = sum(1 for i in missing if i < count and availability[i] > 0) * piece_size
+        self.state = decide(self.state, peers_rate, self.s3_rate, backlog, now)
+        if self.state.mode is Mode.WIDE:
+            return wide_pieces(missing, availability, in_flight_from_peers, limit)
+        return origin_pieces(missing, availability, in_flight_from_peers, self.offset, limit)

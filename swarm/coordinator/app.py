@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
@@ -33,11 +34,13 @@ from swarm.coordinator.fleet import (
     PEER_TTL_INTERVALS,
     REPORT_INTERVAL,
     MemoryPeerStore,
+    NodeReport,
     PeerStore,
     ReportError,
     parse_report,
 )
 from swarm.coordinator.history import History
+from swarm.coordinator.origin import StripePlanner, bits
 from swarm.coordinator.tracker import (
     RemoteProtocolError,
     encode_failure,
@@ -122,6 +125,7 @@ HISTORY: Final = web.AppKey("history", History)
 METRICS: Final = web.AppKey("metrics", _Metrics)
 CLOCK: Final = web.AppKey("clock", Clock)
 INTERVAL: Final = web.AppKey("interval", int)
+PLANNER: Final = web.AppKey("planner", StripePlanner)
 
 
 def make_app(
@@ -131,6 +135,7 @@ def make_app(
     db_path: str | Path | None = None,
     clock: Clock = time.time,
     expiry_period: float = EXPIRY_PERIOD,
+    planner: StripePlanner | None = None,
 ) -> web.Application:
     """Build the coordinator application.
 
@@ -141,6 +146,7 @@ def make_app(
         db_path: SQLite file for history; ``None`` keeps history in memory.
         clock: wall-clock seconds; tests pass a fake one.
         expiry_period: seconds between sweeps of stale state.
+        planner: origin striping and source-mix decisions (default settings if None).
 
     Raises:
         UsageError: ``interval`` or ``expiry_period`` is not positive.
@@ -158,6 +164,7 @@ def make_app(
     app[METRICS] = _Metrics(store, clock)
     app[CLOCK] = clock
     app[INTERVAL] = int(interval)
+    app[PLANNER] = planner or StripePlanner()
     app.router.add_get("/announce", _announce)
     app.router.add_post("/v1/report", _report)
     app.router.add_get("/v1/fleet", _fleet)
@@ -220,7 +227,7 @@ async def _announce(request: web.Request) -> web.Response:
     try:
         now = app[CLOCK]()
         store = app[STORE]
-        peers = store.announce(announce, ip, now)
+        peers = store.announce(announce, ip, now, spare=_spare_upload(app, now))
         complete, incomplete = store.counts(announce.info_hash, now)
         body = encode_response(app[INTERVAL], peers, complete, incomplete, announce.compact)
     except Exception:
@@ -252,7 +259,13 @@ async def _report(request: web.Request) -> web.Response:
         metrics.report_failures.inc()
         reason = str(error) if isinstance(error, ReportError) else f"body is not JSON: {error}"
         return web.json_response({"ok": False, "error": reason}, status=400)
-    completions = app[STORE].report(report, app[CLOCK]())
+    now = app[CLOCK]()
+    if report.addr.rpartition(":")[0].strip("[]") in _UNSPECIFIED:
+        # A daemon listening on 0.0.0.0 cannot tell its own address; we can.
+        port = report.addr.rpartition(":")[2]
+        report = replace(report, addr=f"{_remote_ip(request)}:{port}")
+    completions = app[STORE].report(report, now)
+    plans = _plan_origin(app, report, now)
     metrics.reports.inc()
     for completion in completions:
         try:
@@ -261,7 +274,43 @@ async def _report(request: web.Request) -> web.Response:
         except Exception:
             # History is a record, not a dependency: a full disk must not refuse reports.
             log.exception("cannot record completion of %s by %s", completion.name, completion.node)
-    return web.json_response({"ok": True, "interval": REPORT_INTERVAL})
+    return web.json_response({"ok": True, "interval": REPORT_INTERVAL, "plans": plans})
+
+
+_UNSPECIFIED: Final = {"0.0.0.0", "::"}
+
+
+def _plan_origin(app: web.Application, report: NodeReport, now: float) -> dict[str, object]:
+    """Stripes and modes for each artifact the node reported with its bitfield."""
+    planner = app[PLANNER]
+    planner.prune({state.report.node for state in app[STORE].nodes(now)})
+    plans: dict[str, object] = {}
+    for item in report.artifacts:
+        if item.pieces is None or item.piece_count is None or item.piece_size is None:
+            continue
+        plan = planner.plan(
+            report.node,
+            item.info_hash,
+            piece_size=item.piece_size,
+            count=item.piece_count,
+            held=bits(item.pieces, item.piece_count),
+            complete=item.complete,
+            counters=dict(item.bytes_by_source),
+            up_rate=item.up_rate,
+            now=now,
+        )
+        plans[item.info_hash] = plan.to_json()
+    return plans
+
+
+def _spare_upload(app: web.Application, now: float) -> dict[tuple[str, int], float]:
+    """Upload headroom per peer address, from the nodes' reports (for peer ranking)."""
+    rates = app[PLANNER].rates
+    spare: dict[tuple[str, int], float] = {}
+    for state in app[STORE].nodes(now):
+        host, _, port = state.report.addr.rpartition(":")
+        spare[(host.strip("[]"), int(port))] = rates.spare_upload(state.report.node)
+    return spare
 
 
 async def _fleet(request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ ranking, counts, completion detection, the snapshot) lives once in the base clas
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 from abc import ABC, abstractmethod
@@ -41,6 +42,9 @@ REPORT_INTERVAL: Final = 1.0
 REPORT_TTL: Final = 10.0
 """Seconds after its last report that a node leaves the fleet view: ten missed reports,
 so a node stalled by a busy disk for a few seconds does not flicker out of ``status``."""
+
+SPARE_BUCKET: Final = 1 << 20
+"""Spare upload capacities within the same MiB/s rank equal (see :func:`rank_peers`)."""
 
 MAX_REPORT_ARTIFACTS: Final = 1024
 """Artifacts one report may list; far above real use, low enough to bound a bad client."""
@@ -106,6 +110,11 @@ class ArtifactReport:
     up_rate: float
     elapsed: float | None = None
     """Optional: seconds the node spent fetching, for history when it completes."""
+    piece_size: int | None = None
+    piece_count: int | None = None
+    pieces: bytes | None = None
+    """Optional: the pieces held, as a BitTorrent bitfield (piece 0 = high bit of byte 0);
+    with ``piece_size`` and ``piece_count`` it lets the coordinator stripe origin reads."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -164,22 +173,26 @@ def rank_peers(
     requester: bytes,
     limit: int,
     requester_addr: tuple[str, int] | None = None,
+    spare: Mapping[tuple[str, int], float] | None = None,
 ) -> list[PeerRecord]:
     """Choose up to ``limit`` peers to hand to ``requester``. Pure; deterministic.
 
-    Order, by sort key ``(not seeder, left, spread(requester, peer_id))``:
+    Order, by sort key ``(not seeder, -spare_bucket, left, spread(requester, peer_id))``:
 
     1. seeders (``left == 0``) first: they can serve every piece;
-    2. then leechers by fewest bytes ``left``: the most progress, so the most pieces to
+    2. then by spare upload capacity (``spare``: bytes/s of headroom per ``(ip, port)``
+       from the nodes' reports, peak upload EMA minus current; unknown peers count as
+       0), in buckets of ``SPARE_BUCKET`` bytes/s so that noise between two similar
+       peers does not decide; a peer with idle upload serves a newcomer sooner;
+    3. then leechers by fewest bytes ``left``: the most progress, so the most pieces to
        share. ``left`` rather than ``downloaded``: ``downloaded`` restarts at zero when a
        client resumes and counts discarded bytes, ``left`` does neither;
-    3. ties (every seeder, leechers at equal progress) by ``spread``, a hash of the
-       requester's and the candidate's peer ids: each requester sees its own stable
-       order, so a hundred new nodes do not all dial the same first five seeders.
+    4. ties by ``spread``, a hash of the requester's and the candidate's peer ids: each
+       requester sees its own stable order, so a hundred new nodes do not all dial the
+       same first five seeders.
 
     ``uploaded`` is deliberately not a key: favouring the biggest uploader sends every
-    requester to the peer that is already busiest. Ranking by reported spare upload
-    capacity is planned to replace step 3.
+    requester to the peer that is already busiest.
 
     Edge cases: the requester itself (same peer id, or same ``requester_addr``, as after
     a client restart with a new id) is never returned; ``limit <= 0`` returns ``[]``.
@@ -192,7 +205,13 @@ def rank_peers(
         if peer.peer_id != requester
         and (requester_addr is None or (peer.ip, peer.port) != requester_addr)
     ]
-    eligible.sort(key=lambda peer: (not peer.seeder, peer.left, _spread(requester, peer.peer_id)))
+    headroom = spare or {}
+
+    def key(peer: PeerRecord) -> tuple[bool, int, int, bytes]:
+        bucket = int(headroom.get((peer.ip, peer.port), 0.0) // SPARE_BUCKET)
+        return (not peer.seeder, -bucket, peer.left, _spread(requester, peer.peer_id))
+
+    eligible.sort(key=key)
     return eligible[:limit]
 
 
@@ -284,7 +303,13 @@ class PeerStore(ABC):
 
     # -- tracker logic (shared by every store) ------------------------------------------
 
-    def announce(self, a: Announce, ip: str, now: float) -> list[Peer]:
+    def announce(
+        self,
+        a: Announce,
+        ip: str,
+        now: float,
+        spare: Mapping[tuple[str, int], float] | None = None,
+    ) -> list[Peer]:
         """Record an announce from ``ip`` (already normalised) and return the peers to
         hand back: up to ``a.numwant`` others, ranked by :func:`rank_peers`.
         ``event=stopped`` forgets the peer and returns none (BEP 3)."""
@@ -306,7 +331,7 @@ class PeerStore(ABC):
                 completed=a.event == "completed" or (previous is not None and previous.completed),
             )
         )
-        ranked = rank_peers(self.peers(a.info_hash, now), a.peer_id, a.numwant, (ip, a.port))
+        ranked = rank_peers(self.peers(a.info_hash, now), a.peer_id, a.numwant, (ip, a.port), spare)
         return [record.peer for record in ranked]
 
     def counts(self, info_hash: bytes, now: float) -> tuple[int, int]:
@@ -562,6 +587,18 @@ def _artifact(value: object, where: str) -> ArtifactReport:
     sources = _mapping(body.get("bytes_by_source"), f"{where}.bytes_by_source")
     by_source = {key: _nonneg_int(sources, key, f"{where}.bytes_by_source") for key in sources}
     elapsed = body.get("elapsed")
+    pieces = piece_size = piece_count = None
+    if body.get("pieces") is not None:
+        piece_size = _nonneg_int(body, "piece_size", where)
+        piece_count = _nonneg_int(body, "piece_count", where)
+        try:
+            pieces = base64.b64decode(_str(body, "pieces", where), validate=True)
+        except ValueError:
+            raise ReportError(f"{where}.pieces must be base64") from None
+        if piece_size == 0 or len(pieces) != (piece_count + 7) // 8:
+            raise ReportError(
+                f"{where}.pieces must hold {piece_count} bits and piece_size must be positive"
+            )
     return ArtifactReport(
         info_hash=info_hash,
         name=_str(body, "name", where),
@@ -572,4 +609,7 @@ def _artifact(value: object, where: str) -> ArtifactReport:
         down_rate=_nonneg_float(body.get("down_rate"), f"{where}.down_rate"),
         up_rate=_nonneg_float(body.get("up_rate"), f"{where}.up_rate"),
         elapsed=None if elapsed is None else _nonneg_float(elapsed, f"{where}.elapsed"),
+        piece_size=piece_size,
+        piece_count=piece_count,
+        pieces=pieces,
     )
