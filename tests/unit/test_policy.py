@@ -1,0 +1,138 @@
+"""The source-mix policy and the origin stripe planner: pure, clock passed in."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarm.agent.hybrid import LocalOriginPolicy, bitfield, origin_pieces, wide_pieces
+from swarm.coordinator.origin import StripePlanner, bits
+from swarm.policy import HOLD_SECONDS, MixState, Mode, decide, ema, rate
+
+MiB = 1 << 20
+
+
+def test_ema_edge_cases():
+    assert ema(None, 5.0, 1.0) == 5.0  # first sample taken as is
+    assert ema(4.0, 100.0, 0.0) == 4.0  # no time passed: unchanged
+    assert ema(4.0, 100.0, -1.0) == 4.0  # clock went back: unchanged
+    one = ema(0.0, 100.0, 1.0)
+    assert one == pytest.approx(100 * (1 - math.exp(-1 / 3)))
+    assert ema(0.0, 100.0, 60.0) == pytest.approx(100.0, rel=1e-6)
+
+
+def test_rate_ignores_counter_reset():
+    assert rate(100, 300, 2.0) == 100.0
+    assert rate(300, 100, 1.0) == 0.0  # daemon restarted: counters began again
+    assert rate(0, 100, 0.0) == 0.0
+
+
+def test_widen_needs_slow_swarm_backlog_and_time():
+    s3 = 50 * MiB
+    state = MixState()
+    # slow swarm but nothing to take from it: stays STRIPE however long
+    for t in range(10):
+        state = decide(state, 1 * MiB, s3, backlog=0, now=float(t))
+    assert state.mode is Mode.STRIPE
+    # slow swarm with a backlog: switches only after HOLD_SECONDS
+    backlog = int(s3 * HOLD_SECONDS) + 1
+    state = decide(state, 1 * MiB, s3, backlog, now=100.0)
+    assert state.mode is Mode.STRIPE and state.pending_since == 100.0
+    state = decide(state, 1 * MiB, s3, backlog, now=100.0 + HOLD_SECONDS / 2)
+    assert state.mode is Mode.STRIPE
+    state = decide(state, 1 * MiB, s3, backlog, now=100.0 + HOLD_SECONDS)
+    assert state.mode is Mode.WIDE
+
+
+def test_hysteresis_band_keeps_mode_and_a_blip_does_not_flip():
+    s3 = 10 * MiB
+    wide = MixState(Mode.WIDE)
+    # between WIDEN_RATIO and NARROW_RATIO: no change either way
+    assert decide(wide, 0.7 * s3, s3, 10**9, 0.0) == MixState(Mode.WIDE)
+    assert decide(MixState(), 0.7 * s3, s3, 10**9, 0.0) == MixState(Mode.STRIPE)
+    # a fast second, then slow again: the pending switch is dropped
+    pending = decide(wide, 2 * s3, s3, 10**9, 0.0)
+    assert pending.pending_since == 0.0
+    assert decide(pending, 0.1 * s3, s3, 10**9, 1.0) == MixState(Mode.WIDE)
+
+
+def test_unknown_or_tiny_s3_estimate_keeps_mode():
+    assert decide(MixState(Mode.WIDE), 0.0, None, 10**9, 5.0).mode is Mode.WIDE
+    assert decide(MixState(), 0.0, 10.0, 10**9, 5.0).mode is Mode.STRIPE
+
+
+def test_bitfield_round_trip_through_coordinator_bits():
+    pieces = [True, False, False, True, True, False, False, False, True, False, True]
+    import base64
+
+    value = bits(base64.b64decode(bitfield(pieces)), len(pieces))
+    assert [bool(value >> i & 1) for i in range(len(pieces))] == pieces
+
+
+def _plan(planner, node, held=0, now=0.0, complete=False, count=64, s3=0):
+    return planner.plan(
+        node,
+        "ab" * 20,
+        piece_size=MiB,
+        count=count,
+        held=held,
+        complete=complete,
+        counters={"s3": s3, "peers": 0},
+        up_rate=0.0,
+        now=now,
+    )
+
+
+def test_stripes_are_disjoint_and_cover_each_piece_once():
+    planner = StripePlanner(stripe_bytes=8 * MiB)
+    a = _plan(planner, "a")
+    b = _plan(planner, "b")
+    assert a.stripe == list(range(8)) and b.stripe == list(range(8, 16))
+    # a finished its stripe: it is topped up with fresh pieces, none of b's
+    held_a = sum(1 << p for p in a.stripe)
+    a2 = _plan(planner, "a", held=held_a, now=1.0)
+    assert set(a2.stripe).isdisjoint(a.stripe) and set(a2.stripe).isdisjoint(b.stripe)
+    # a piece b was reading that arrived at c (from a peer) is dropped from b's stripe
+    c = _plan(planner, "c", held=1 << 8, now=1.0)
+    b2 = _plan(planner, "b", now=1.5)
+    assert 8 not in b2.stripe and 8 not in c.stripe
+
+
+def test_stalled_or_departed_reader_loses_its_stripe():
+    planner = StripePlanner(stripe_bytes=8 * MiB, stall_seconds=5.0)
+    a = _plan(planner, "a", now=0.0)
+    _plan(planner, "a", now=1.0)  # no progress
+    b = _plan(planner, "b", now=6.5)  # a stalled for 6.5 s > 5 s
+    assert b.stripe == a.stripe
+    planner.prune({"b"})  # a stopped reporting
+    c = _plan(planner, "c", now=7.0)
+    assert set(c.stripe).isdisjoint(b.stripe)
+
+
+def test_reader_cap_and_complete_nodes():
+    planner = StripePlanner(stripe_bytes=4 * MiB, max_readers=2)
+    assert _plan(planner, "a").stripe and _plan(planner, "b").stripe
+    assert _plan(planner, "c").stripe == []  # origin budget used up
+    planner.prune({"b", "c"})  # a left the fleet
+    assert _plan(planner, "c", now=1.0).stripe  # so c may read the origin now
+    assert _plan(planner, "b", complete=True, held=(1 << 64) - 1).stripe == []
+
+
+def test_fast_reader_gets_a_longer_stripe():
+    planner = StripePlanner(stripe_bytes=4 * MiB)
+    _plan(planner, "a", now=0.0, count=512)
+    plan = _plan(planner, "a", now=1.0, count=512, s3=100 * MiB)
+    assert len(plan.stripe) > 4
+
+
+def test_local_policy_choices():
+    missing = list(range(10))
+    availability = [0, 0, 1, 1, 0, 0, 0, 0, 2, 0]
+    assert origin_pieces(missing, availability, {0}, offset=5, limit=3) == [5, 6, 7]
+    assert wide_pieces(missing, availability, {3}, limit=5) == [8, 2]
+    local = LocalOriginPolicy(offset=0)
+    got = local.choose(
+        missing, availability, set(), 4, piece_size=MiB, peers_rate=0.0, s3_bytes=0, now=0.0
+    )
+    assert got == [0, 1, 4, 5] and local.state.mode is Mode.STRIPE
