@@ -341,6 +341,41 @@ def coordinator(listen: str, db: Path | None) -> None:
 
 
 @cli.command()
+@click.option("--coordinator", help="Coordinator URL [SWARM_COORDINATOR].")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (default when not a TTY).")
+@click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
+@reports_errors
+def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
+    """Show the fleet: artifacts (sources, S3 saved, times) and nodes (progress, rates)."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from swarm.status import fetch_fleet, render, summarize
+
+    settings = config.load(coordinator=coordinator)
+    if not settings.coordinator:
+        raise click.UsageError("no coordinator: pass --coordinator URL or set SWARM_COORDINATOR")
+    use_json = as_json or not sys.stdout.isatty()
+    view = summarize(fetch_fleet(settings.coordinator))
+    if use_json:
+        click.echo(json.dumps(view))
+        while watch:
+            time.sleep(1.0)
+            click.echo(json.dumps(summarize(fetch_fleet(settings.coordinator))))
+        return
+    console = Console()
+    if not watch:
+        console.print(render(view))
+        return
+    with Live(render(view), console=console, refresh_per_second=2) as live:
+        while True:
+            time.sleep(1.0)
+            live.update(render(summarize(fetch_fleet(settings.coordinator))))
+
+
+@cli.command()
 @click.option(
     "--size",
     default="256M",

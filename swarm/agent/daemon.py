@@ -90,6 +90,8 @@ class Artifact:
     cancel: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
     seconds: float | None = None
+    restored: bool = False
+    """Held before this daemon started (restored from resume data), not fetched by it."""
     s3_error: str | None = None
     origin_thread: threading.Thread | None = None
     plan: dict[str, Any] | None = None
@@ -126,7 +128,7 @@ class Daemon:
             except SwarmError as error:
                 log.warning("skipping %s: %s", path, error)
                 continue
-            self._add(manifest, sources=("peers",))
+            self._add(manifest, sources=("peers",)).restored = True
             log.info("restored %s (%s)", manifest.name, manifest.info_hash)
 
     def _add(self, manifest: Manifest, sources: tuple[str, ...]) -> Artifact:
@@ -278,7 +280,10 @@ class Daemon:
             "error": (state.error if state else None),
             "s3_error": artifact.s3_error,
             "hash_failures": artifact.sink.hash_failures,
-            "elapsed": round(time.monotonic() - artifact.started, 3),
+            # the fetch's duration (history); unknown for what a restart restored
+            "elapsed": None
+            if artifact.restored
+            else (artifact.seconds if complete else round(time.monotonic() - artifact.started, 3)),
             "piece_size": manifest.piece_size,
             "piece_count": manifest.layout.count,
             "pieces": bitfield(status.pieces) if status is not None else None,

@@ -320,6 +320,12 @@ async def _fleet(request: web.Request) -> web.Response:
     history = app[HISTORY].counts()
     for artifact in snapshot["artifacts"]:  # type: ignore[union-attr]
         artifact["history"] = history.get(artifact["info_hash"], _NO_HISTORY)
+    planner = app[PLANNER]
+    for node in snapshot["nodes"]:  # type: ignore[union-attr]
+        for item in node["artifacts"]:
+            rates = planner.rates.get(node["node"], item["info_hash"])
+            item["rates"] = {k: round(v, 1) for k, v in rates.down.items()} if rates else {}
+            item["mode"] = planner.mode(node["node"], item["info_hash"])
     body = {
         "time": now,
         "interval": app[INTERVAL],
@@ -333,8 +339,11 @@ async def _fleet(request: web.Request) -> web.Response:
 _NO_HISTORY: Final = {
     "completed": 0,
     "mean_seconds": None,
+    "median_seconds": None,
+    "p99_seconds": None,
     "max_seconds": None,
     "last_completed_at": None,
+    "bytes_by_source": {},
 }
 
 

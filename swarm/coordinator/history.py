@@ -81,22 +81,33 @@ class History:
         return cursor.rowcount == 1
 
     def counts(self) -> dict[str, dict[str, object]]:
-        """Per artifact (hex info_hash): ``completed`` (nodes), ``mean_seconds`` and
-        ``max_seconds`` over the completions whose duration is known (``None`` if none),
-        ``last_completed_at`` (epoch seconds)."""
+        """Per artifact (hex info_hash): ``completed`` (nodes); ``mean_seconds``,
+        ``median_seconds``, ``p99_seconds`` and ``max_seconds`` over the completions whose
+        duration is known (``None`` if none); ``last_completed_at`` (epoch seconds);
+        ``bytes_by_source`` summed over the completions."""
         rows = self._db.execute(
-            "SELECT info_hash, COUNT(*), AVG(seconds), MAX(seconds), MAX(completed_at)"
-            " FROM completions GROUP BY info_hash"
+            "SELECT info_hash, seconds, completed_at, bytes_by_source FROM completions"
         )
-        return {
-            info_hash: {
-                "completed": completed,
-                "mean_seconds": None if mean is None else round(mean, 3),
-                "max_seconds": None if longest is None else round(longest, 3),
-                "last_completed_at": last,
+        grouped: dict[str, list[tuple[float | None, float, str]]] = {}
+        for info_hash, seconds, completed_at, sources in rows:
+            grouped.setdefault(info_hash, []).append((seconds, completed_at, sources))
+        result: dict[str, dict[str, object]] = {}
+        for info_hash, items in grouped.items():
+            durations = sorted(s for s, _, _ in items if s is not None)
+            totals: dict[str, int] = {}
+            for _, _, sources in items:
+                for source, count in json.loads(sources).items():
+                    totals[source] = totals.get(source, 0) + int(count)
+            result[info_hash] = {
+                "completed": len(items),
+                "mean_seconds": _round(sum(durations) / len(durations)) if durations else None,
+                "median_seconds": _round(percentile(durations, 50)),
+                "p99_seconds": _round(percentile(durations, 99)),
+                "max_seconds": _round(durations[-1]) if durations else None,
+                "last_completed_at": max(at for _, at, _ in items),
+                "bytes_by_source": totals,
             }
-            for info_hash, completed, mean, longest, last in rows
-        }
+        return result
 
     def completions(self, info_hash: str) -> list[Completion]:
         """Every recorded completion of one artifact, oldest first."""
@@ -112,3 +123,16 @@ class History:
 
     def close(self) -> None:
         self._db.close()
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile of sorted ``values`` (None for none): p99 of 10 values is
+    the largest, as an operator reading "p99" of a small fleet would expect."""
+    if not values:
+        return None
+    rank = max(1, -(-len(values) * pct // 100))
+    return values[int(rank) - 1]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -243,6 +243,12 @@ class StripePlanner:
             if now - art.progress_at.get(node, now) > self.stall_seconds:
                 self._release(art, node)
 
+    def mode(self, node: str, info_hash: str) -> str | None:
+        """The node's current origin mode for the artifact (None if it is not fetching)."""
+        art = self._artifacts.get(info_hash)
+        state = art.modes.get(node) if art else None
+        return state.mode.value if state else None
+
     def availability(self, info_hash: str) -> list[int]:
         """How many reporting nodes hold each piece (for the fleet view)."""
         art = self._artifacts.get(info_hash)

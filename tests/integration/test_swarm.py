@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -70,6 +71,13 @@ def test_four_nodes_and_an_origin_seeder_all_complete(swarm, artifact, tmp_path)
     wait_until(lambda: seeder.daemon_pid() is not None, 30, "the seeder's pid file")
     fleet = get_json(swarm.coordinator_url + "/v1/fleet")
     assert any(a["name"] == "index.db" for a in fleet["artifacts"])
+    # `swarm status` sees the whole fleet: 4 nodes and the seeder complete
+    wait_until(lambda: _status(swarm)["artifacts"][0]["nodes_complete"] >= 5, 15, "status")
+    view = _status(swarm)
+    (art,) = view["artifacts"]
+    assert art["completed_total"] >= 4 and art["median_seconds"] is not None
+    assert art["s3_bytes_saved"] > 0
+    assert {n["state"] for n in view["nodes"]} == {"complete"}
 
 
 def test_late_node_takes_most_bytes_from_peers(swarm, artifact, tmp_path):
@@ -110,6 +118,12 @@ def test_coordinator_killed_and_restarted_mid_fetch(swarm, artifact, env, tmp_pa
         for node, process in fetches:
             done_event(process, FETCH_TIMEOUT)
             assert sha256(tmp_path / f"{node.name}.db") == sha256(artifact)
+    # Completed fetches survive another restart (SQLite history): durations are kept.
+    wait_until(lambda: _status(swarm)["artifacts"][0]["completed_total"] >= 3, 15, "history")
+    swarm.kill_coordinator()
+    swarm.start_coordinator()
+    art = _status(swarm)["artifacts"]
+    assert art and art[0]["completed_total"] >= 3 and art[0]["median_seconds"] is not None
 
 
 def test_aria2c_downloads_from_swarm_seeders_through_swarm_tracker(
@@ -181,6 +195,28 @@ def test_restarted_daemon_seeds_again_without_downloading(swarm, artifact, tmp_p
     )
     assert done["bytes_by_source"]["peers"] >= SIZE and done["bytes_by_source"]["s3"] == 0
     assert sha256(tmp_path / "late.db") == sha256(artifact)
+
+
+def _status(swarm) -> dict:
+    out = subprocess.run(
+        [SWARM, "status", "--coordinator", swarm.coordinator_url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def test_status_with_unreachable_coordinator_exits_1(env):
+    proc = subprocess.run(
+        [SWARM, "status", "--coordinator", "http://127.0.0.1:9", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert proc.returncode == 1 and "cannot reach the coordinator" in proc.stderr
 
 
 def _artifacts(node) -> list:

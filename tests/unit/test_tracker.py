@@ -471,8 +471,11 @@ def test_history_records_once_and_counts(tmp_path: Path) -> None:
         HEX: {
             "completed": 3,
             "mean_seconds": 15.0,
+            "median_seconds": 10.0,
+            "p99_seconds": 20.0,
             "max_seconds": 20.0,
             "last_completed_at": 150.0,
+            "bytes_by_source": {"s3": 30, "peers": 270},
         }
     }
     assert [c.node for c in reopened.completions(HEX)] == ["a", "origin", "b"]
