@@ -376,6 +376,45 @@ def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
 
 
 @cli.command()
+@click.option("--artifact", required=True, help="Catalog NAME (or s3://BUCKET/KEY) to fetch.")
+@click.option("--dest", required=True, help="Absolute path on the instance.")
+@click.option("--catalog", help="Catalog prefix [SWARM_CATALOG].")
+@click.option("--coordinator", help="Coordinator URL [SWARM_COORDINATOR].")
+@click.option(
+    "--deadline",
+    type=float,
+    default=900,
+    show_default=True,
+    help="Seconds before the bootstrap gives up (exit 7, logged).",
+)
+@click.option("--install", "install_cmd", help="Shell command that installs swarm if missing.")
+@reports_errors
+def userdata(
+    artifact: str,
+    dest: str,
+    catalog: str | None,
+    coordinator: str | None,
+    deadline: float,
+    install_cmd: str | None,
+) -> None:
+    """Print a cloud-init user-data script: IMDSv2 identity, fetch, seeding daemon."""
+    from swarm.bootstrap.userdata import DEFAULT_INSTALL, render
+
+    settings = config.load(catalog=catalog, coordinator=coordinator)
+    click.echo(
+        render(
+            artifact,
+            dest,
+            catalog=settings.catalog,
+            coordinator=settings.coordinator,
+            deadline=deadline,
+            install=install_cmd or DEFAULT_INSTALL,
+        ),
+        nl=False,
+    )
+
+
+@cli.command()
 @click.option(
     "--size",
     default="256M",
