@@ -19,7 +19,7 @@ def test_script_is_valid_bash_and_quotes_operator_values():
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     assert "'/var/lib/my app/index.db'" in script
     assert "X-aws-ec2-metadata-token-ttl-seconds" in script  # IMDSv2: token first
-    assert script.index("api/token") < script.index("meta-data/placement/region")
+    assert script.index("api/token") < script.index("md placement/region")
     assert "--deadline 120" in script and "exit $rc" in script
 
 
