@@ -12,10 +12,11 @@ range still missing.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import random
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
     botocore.exceptions.ResponseStreamingError,
     botocore.exceptions.IncompleteReadError,
     urllib3.exceptions.HTTPError,
+    http.client.HTTPException,  # e.g. IncompleteRead, from reading the body directly
     ConnectionError,
     TimeoutError,
 )
@@ -61,6 +63,40 @@ def backoff_delay(attempt: int, rng: random.Random) -> float:
     """Full-jitter exponential backoff (AWS Architecture Blog, 'Exponential Backoff And
     Jitter'): uniform in [0, min(cap, base * 2**attempt)]."""
     return rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+
+
+def _direct_readinto(body: Any) -> Callable[[memoryview], int] | None:
+    """``readinto`` of the ``http.client`` response under a botocore ``StreamingBody``.
+
+    ``StreamingBody.read(n)`` goes through urllib3, which copies every chunk two or three
+    times (http.client's bytearray to bytes, urllib3's read buffer, our own join); at
+    hundreds of MB/s on a small node those copies cost a good part of a core.
+    ``http.client.HTTPResponse.readinto`` moves the bytes from the socket straight into
+    our buffer and still enforces Content-Length (``IncompleteRead`` if the body is cut
+    short). botocore asks urllib3 for undecoded bytes, so this reads the same bytes.
+    None when the body is something else (a test double): the caller uses ``read``.
+    """
+    fp = getattr(getattr(body, "_raw_stream", None), "_fp", None)
+    return fp.readinto if isinstance(fp, http.client.HTTPResponse) else None
+
+
+def read_exactly(body: Any, view: memoryview) -> memoryview:
+    """Fill ``view`` with the next ``len(view)`` bytes of ``body``; IncompleteReadError if
+    the body ends first."""
+    length = len(view)
+    readinto = _direct_readinto(body)
+    got = 0
+    while got < length:
+        if readinto:
+            n = readinto(view[got:])
+        else:
+            chunk = body.read(length - got)
+            n = len(chunk)
+            view[got : got + n] = chunk
+        if not n:  # EOF: truncated
+            raise botocore.exceptions.IncompleteReadError(actual_bytes=got, expected_bytes=length)
+        got += n
+    return view
 
 
 @dataclass
@@ -164,24 +200,23 @@ class S3Source:
                 check_cancel(self.cancel)
 
     def _get(self, byte_range: ByteRange) -> int:
-        """One ranged GET; offer each piece as it completes. Returns the count of bad pieces."""
+        """One ranged GET; offer each piece as it completes. Returns the count of bad pieces.
+
+        Every piece of the range is read into one buffer: ``offer`` gets a view that is
+        valid only during the call (a sink copies what it keeps; ``PieceFile`` writes it
+        out before returning). A fresh 1 MiB bytearray per piece was the largest holder
+        of the GIL in a profile: it is zero-filled, page-faulted, with the GIL held.
+        """
         response = self.client.get_object(
             Bucket=self.url.bucket, Key=self.url.key, Range=byte_range.header
         )
         body = response["Body"]
         bad = 0
+        buffer = memoryview(bytearray(self.layout.piece_size))
         try:
             for index in byte_range.pieces:
                 check_cancel(self.cancel)
-                length = self.layout.length(index)
-                data = body.read(length)
-                while len(data) < length:  # read(n) may return short; EOF means truncated
-                    more = body.read(length - len(data))
-                    if not more:
-                        raise botocore.exceptions.IncompleteReadError(
-                            actual_bytes=len(data), expected_bytes=length
-                        )
-                    data += more
+                data = read_exactly(body, buffer[: self.layout.length(index)])
                 if not self.sink.offer(index, data, SOURCE):
                     bad += 1
                     log.warning("s3 piece %d of %s failed its SHA-1; will refetch", index, self.url)
