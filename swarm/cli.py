@@ -147,6 +147,11 @@ def publish(
     multiple=True,
     help="Restrict sources: s3, peers, udp://HOST:PORT (repeatable; default all).",
 )
+@click.option(
+    "--peers-from-asg",
+    metavar="GROUP",
+    help="Also dial the running instances of this Auto Scaling group as peers.",
+)
 @click.option("--no-daemon", is_flag=True, help="Fetch in this process from S3 only; no seeding.")
 @click.option(
     "--deadline",
@@ -177,6 +182,7 @@ def fetch(
     coordinator: str | None,
     listen: str | None,
     sources: tuple[str, ...],
+    peers_from_asg: str | None,
     no_daemon: bool,
     deadline: float | None,
     catalog: str | None,
@@ -213,7 +219,9 @@ def fetch(
             JsonProgress() if use_json else RichProgress(),
         )
     else:
-        result = _fetch_with_daemon(source, dest, settings, listen, sources, deadline, use_json)
+        result = _fetch_with_daemon(
+            source, dest, settings, listen, sources, deadline, use_json, peers_from_asg
+        )
     if use_json:
         emit("done", **result)
     else:
@@ -267,6 +275,7 @@ def _fetch_with_daemon(
     sources: tuple[str, ...],
     deadline: float | None,
     use_json: bool,
+    peers_from_asg: str | None = None,
 ) -> dict[str, Any]:
     from swarm.agent.client import ensure_daemon, fetch_via_daemon
     from swarm.agent.store import check_dest
@@ -274,7 +283,7 @@ def _fetch_with_daemon(
 
     dest = dest.absolute()
     check_dest(dest)
-    client = ensure_daemon(settings.home, listen, settings.coordinator)
+    client = ensure_daemon(settings.home, listen, settings.coordinator, peers_from_asg)
     request = {
         "source": source,
         "catalog": settings.catalog,
@@ -314,15 +323,20 @@ def _fetch_with_daemon(
     help="BitTorrent listen port (0 = any free port).",
 )
 @click.option("--coordinator", help="Coordinator URL [SWARM_COORDINATOR].")
+@click.option(
+    "--peers-from-asg",
+    metavar="GROUP",
+    help="Also dial the running instances of this Auto Scaling group as peers.",
+)
 @reports_errors
-def daemon(listen: str, port: int, coordinator: str | None) -> None:
+def daemon(listen: str, port: int, coordinator: str | None, peers_from_asg: str | None) -> None:
     """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
     import asyncio
 
     from swarm.agent.daemon import serve
 
     settings = config.load(coordinator=coordinator)
-    asyncio.run(serve(settings, listen, port))
+    asyncio.run(serve(settings, listen, port, peers_from_asg=peers_from_asg))
 
 
 @cli.command()

@@ -65,7 +65,9 @@ class DaemonClient:
             return False
 
 
-def ensure_daemon(home: Path, listen: str | None, coordinator: str | None) -> DaemonClient:
+def ensure_daemon(
+    home: Path, listen: str | None, coordinator: str | None, peers_from_asg: str | None = None
+) -> DaemonClient:
     """Return a client of this home's daemon, starting one in the background if none answers."""
     client = DaemonClient(home)
     if client.alive():
@@ -76,6 +78,8 @@ def ensure_daemon(home: Path, listen: str | None, coordinator: str | None) -> Da
         args += ["--listen", listen]
     if coordinator:
         args += ["--coordinator", coordinator]
+    if peers_from_asg:
+        args += ["--peers-from-asg", peers_from_asg]
     log = (home / "daemon.log").open("ab")
     process = subprocess.Popen(
         args,

@@ -114,6 +114,8 @@ class Daemon:
         self.artifacts: dict[str, Artifact] = {}
         self._lock = threading.Lock()
         self.wake_reporter: Callable[[], object] = lambda: None
+        self.extra_peers: list[tuple[str, int]] = []
+        """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.trackers = (
             [settings.coordinator.rstrip("/") + "/announce"] if settings.coordinator else []
         )
@@ -138,7 +140,9 @@ class Daemon:
             save_dir = self.home / "data" / manifest.info_hash
             save_dir.mkdir(parents=True, exist_ok=True)
             (self.home / "artifacts" / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
-            self.session.add(manifest, save_dir, self.trackers)
+            state = self.session.add(manifest, save_dir, self.trackers)
+            for address in self.extra_peers:
+                state.handle.connect_peer(address)
             artifact = Artifact(
                 manifest, save_dir / manifest.name, TorrentSink(self.session, manifest), sources
             )
@@ -290,6 +294,17 @@ class Daemon:
             "mode": (artifact.plan or {}).get("mode"),
         }
 
+    def connect_peers(self, addresses: list[tuple[str, int]]) -> int:
+        """Dial peers found outside the tracker (an Auto Scaling group) for every torrent,
+        and remember them for torrents added later."""
+        self.extra_peers = list(addresses)
+        count = 0
+        for state in list(self.session.torrents.values()):
+            for address in addresses:
+                state.handle.connect_peer(address)
+                count += 1
+        return count
+
     def take_plans(self, plans: dict[str, Any]) -> None:
         now = time.monotonic()
         for info_hash, plan in plans.items():
@@ -380,11 +395,30 @@ def hold_lock(home: Path) -> int:
     return fd
 
 
+async def asg_loop(daemon: Daemon, group: str, port: int) -> None:
+    """Connect to the group's instances as peers, again every ``REFRESH_SECONDS``."""
+    from swarm.sources.asg import REFRESH_SECONDS, asg_peer_ips
+
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            ips = await loop.run_in_executor(
+                None,
+                lambda: asg_peer_ips(group, exclude={daemon.listen_ip}),
+            )
+            dialled = daemon.connect_peers([(ip, port) for ip in ips])
+            log.info("asg %s: %d instances, %d peer connections tried", group, len(ips), dialled)
+        except SwarmError as error:
+            log.warning("%s", error)
+        await asyncio.sleep(REFRESH_SECONDS)
+
+
 async def serve(
     settings: Settings,
     listen_ip: str,
     port: int,
     on_ready: Callable[[Daemon], Awaitable[None]] | None = None,
+    peers_from_asg: str | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders)."""
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -407,11 +441,12 @@ async def serve(
     daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
     reporter = asyncio.create_task(report_loop(daemon, wake)) if settings.coordinator else None
     starter = asyncio.create_task(on_ready(daemon)) if on_ready else None
+    asg = asyncio.create_task(asg_loop(daemon, peers_from_asg, port)) if peers_from_asg else None
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
     try:
         await stop.wait()
     finally:
-        for task in (reporter, starter):
+        for task in (reporter, starter, asg):
             if task:
                 task.cancel()
         await runner.cleanup()
