@@ -41,6 +41,40 @@ def env(s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> di
     return {**os.environ, **values}
 
 
+SIZE = 24 * (1 << 20)
+"""Size of the shared published artifact: 24 pieces of 1 MiB (the default piece size)."""
+
+
+@pytest.fixture
+def artifact(env: dict[str, str], bucket: str, tmp_path: Path) -> Path:
+    """A published artifact named ``index.db`` with a catalog entry (SWARM_CATALOG set in
+    ``env``); returns the local file."""
+    import subprocess
+
+    from tests.servers import BIN
+
+    src = make_artifact(tmp_path / "index.db", SIZE, seed=3)
+    catalog = f"s3://{bucket}/catalog/"
+    subprocess.run(
+        [
+            str(BIN / "swarm"),
+            "publish",
+            str(src),
+            f"s3://{bucket}/b/index.db",
+            "--name",
+            "index.db",
+            "--catalog",
+            catalog,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    env["SWARM_CATALOG"] = catalog
+    return src
+
+
 @pytest.fixture
 def bucket(env: dict[str, str]) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"

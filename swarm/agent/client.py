@@ -19,7 +19,7 @@ from typing import Any
 
 from swarm.agent.daemon import sock_path
 from swarm.agent.store import ensure_space, partial_path
-from swarm.errors import DeadlineError, IntegrityError, SwarmError
+from swarm.errors import DeadlineError, IntegrityError, NoSpaceError, SwarmError
 
 DAEMON_START_TIMEOUT = 30.0
 STATUS_INTERVAL = 0.25
@@ -137,6 +137,15 @@ def place(data_path: Path, dest: Path, sha256: str, size: int) -> None:
         os.close(dir_fd)
 
 
+def daemon_error(message: str) -> SwarmError:
+    """A libtorrent storage error as the CLI reports it (a full disk is exit code 6)."""
+    if "space" in message.lower() or "ENOSPC" in message:
+        return NoSpaceError(
+            f"swarm: the daemon's data directory is full ({message}); free space and rerun"
+        )
+    return SwarmError(f"swarm: the daemon cannot store the artifact: {message}")
+
+
 def fetch_via_daemon(
     client: DaemonClient,
     request: dict[str, Any],
@@ -152,6 +161,8 @@ def fetch_via_daemon(
     path = f"/v1/artifacts/{status['info_hash']}"
     while not status["complete"]:
         on_status(status)
+        if status.get("error"):
+            raise daemon_error(status["error"])
         if deadline and time.monotonic() - started > deadline:
             raise DeadlineError(
                 f"swarm: deadline of {deadline:g}s passed at {status['have_bytes']} of "

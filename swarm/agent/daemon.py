@@ -40,6 +40,7 @@ from swarm.agent.hybrid import (
     stripe_offset,
     wide_pieces,
 )
+from swarm.agent.store import ensure_space
 from swarm.config import Settings
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
 from swarm.manifest import Manifest
@@ -122,25 +123,30 @@ class Daemon:
 
     # -- artifacts --------------------------------------------------------------------------
 
-    def restore(self) -> None:
-        """Seed again everything held before a restart (resume data spares a re-download)."""
+    def restore(self, clean: bool = True) -> None:
+        """Seed again everything held before a restart (resume data spares a re-download;
+        after an unclean stop, ``clean`` False, the data files are hashed instead)."""
         for path in sorted((self.home / "artifacts").glob("*.swarm")):
             try:
                 manifest = Manifest.loads(path.read_bytes(), origin=str(path))
             except SwarmError as error:
                 log.warning("skipping %s: %s", path, error)
                 continue
-            self._add(manifest, sources=("peers",)).restored = True
+            self._add(manifest, sources=("peers",), trust_resume=clean).restored = True
             log.info("restored %s (%s)", manifest.name, manifest.info_hash)
 
-    def _add(self, manifest: Manifest, sources: tuple[str, ...]) -> Artifact:
+    def _add(
+        self, manifest: Manifest, sources: tuple[str, ...], trust_resume: bool = True
+    ) -> Artifact:
         with self._lock:
             if manifest.info_hash in self.artifacts:
                 return self.artifacts[manifest.info_hash]
             save_dir = self.home / "data" / manifest.info_hash
             save_dir.mkdir(parents=True, exist_ok=True)
             (self.home / "artifacts" / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
-            state = self.session.add(manifest, save_dir, self.trackers)
+            if not (save_dir / manifest.name).exists():
+                ensure_space(save_dir, manifest.size)
+            state = self.session.add(manifest, save_dir, self.trackers, trust_resume=trust_resume)
             for address in self.extra_peers:
                 state.handle.connect_peer(address)
             artifact = Artifact(
@@ -284,6 +290,8 @@ class Daemon:
             "error": (state.error if state else None),
             "s3_error": artifact.s3_error,
             "hash_failures": artifact.sink.hash_failures,
+            "peer_hash_failures": state.peer_hash_failures if state else 0,
+            "peers_banned": state.peers_banned if state else 0,
             # the fetch's duration (history); unknown for what a restart restored
             "elapsed": None
             if artifact.restored
@@ -424,7 +432,14 @@ async def serve(
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
     daemon = Daemon(settings, listen_ip, port)
-    daemon.restore()
+    # The marker exists only between a clean close and the next start: its absence means
+    # the last daemon died (kill -9, power loss) and its resume data may lie.
+    marker = settings.home / "clean-shutdown"
+    clean = marker.exists()
+    marker.unlink(missing_ok=True)
+    if not clean:
+        log.info("previous daemon did not stop cleanly: verifying data files")
+    daemon.restore(clean)
     sock = sock_path(settings.home)
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
@@ -451,6 +466,7 @@ async def serve(
                 task.cancel()
         await runner.cleanup()
         await loop.run_in_executor(None, daemon.close)
+        marker.write_text(str(os.getpid()))
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
         os.close(lock)

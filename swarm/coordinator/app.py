@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from swarm.coordinator import page
 from swarm.coordinator.fleet import (
     ANNOUNCE_INTERVAL,
     PEER_TTL_INTERVALS,
@@ -170,6 +171,7 @@ def make_app(
     app.router.add_get("/v1/fleet", _fleet)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
+    page.add_routes(app)
     app.cleanup_ctx.append(_background(expiry_period))
     return app
 

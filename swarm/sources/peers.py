@@ -89,6 +89,7 @@ def session_settings(listen_ip: str, port: int, peer_id_prefix: str = "-SW0100-"
                 | lt.alert.category_t.storage_notification
                 | lt.alert.category_t.piece_progress_notification
                 | lt.alert.category_t.tracker_notification
+                | lt.alert.category_t.peer_notification
             ),
             "alert_queue_size": 10000,
         }
@@ -126,6 +127,10 @@ class TorrentState:
     status: Any = None
     error: str | None = None
     pending: dict[int, Future[bool]] = field(default_factory=dict)
+    peer_hash_failures: int = 0
+    """Pieces from peers that failed their hash check (libtorrent refetches them)."""
+    peers_banned: int = 0
+    """Peers banned for sending bad data (libtorrent's smart_ban finds the culprit)."""
     resume_saved: threading.Event = field(default_factory=threading.Event)
 
 
@@ -158,13 +163,14 @@ class TorrentSession:
         save_dir: Path,
         trackers: list[str],
         *,
-        seed_mode: bool = False,
+        trust_resume: bool = True,
     ) -> TorrentState:
         """Add (or return) the torrent of ``manifest``, its data under ``save_dir``.
 
         Resume data saved earlier for this info-hash is used, so a restarted daemon goes
-        on seeding without downloading again. ``seed_mode`` is for a file already
-        verified by its whole-file SHA-256 (libtorrent then skips the initial check).
+        on seeding without downloading again. After an unclean stop (``trust_resume``
+        False) the resume data may claim pieces that never reached the disk, so it is
+        ignored and libtorrent hashes what the data file really holds.
         """
         info_hash = manifest.info_hash
         with self._lock:
@@ -172,7 +178,7 @@ class TorrentSession:
                 return self.torrents[info_hash]
         resume_file = self.resume_dir / f"{info_hash}.resume"
         params = lt.add_torrent_params()
-        if resume_file.exists():
+        if resume_file.exists() and trust_resume:
             try:
                 params = lt.read_resume_data(resume_file.read_bytes())
             except RuntimeError as error:  # corrupt resume data: start over, verify files
@@ -184,9 +190,9 @@ class TorrentSession:
         params.url_seeds = []
         flags = params.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
         flags |= lt.torrent_flags.override_trackers | lt.torrent_flags.override_web_seeds
-        if seed_mode:
-            flags |= lt.torrent_flags.seed_mode
         params.flags = flags
+        # Reserve the whole file now: a full disk fails at the start, not at 90%.
+        params.storage_mode = lt.storage_mode_t.storage_mode_allocate
         handle = self.session.add_torrent(params)
         state = TorrentState(info_hash, handle)
         with self._lock:
@@ -284,7 +290,15 @@ class TorrentSession:
                 if future and not future.done():
                     future.set_result(isinstance(alert, lt.piece_finished_alert))
             if isinstance(alert, lt.hash_failed_alert):
+                if state:
+                    state.peer_hash_failures += 1
                 log.warning("piece %d failed its hash check", alert.piece_index)
+            return
+        if isinstance(alert, lt.peer_ban_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                state.peers_banned += 1
+            log.warning("banned a peer: %s", alert.message())
             return
         if isinstance(alert, lt.torrent_finished_alert):
             state = self._state_of(alert.handle)

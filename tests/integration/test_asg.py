@@ -15,7 +15,7 @@ import pytest
 
 from swarm.errors import NotFoundError
 from swarm.sources.asg import asg_peer_ips
-from tests.integration.test_swarm import SIZE, artifact  # noqa: F401 (fixture)
+from tests.conftest import SIZE
 from tests.swarmnet import Swarm, done_event
 
 FETCH_TIMEOUT = 120
@@ -49,7 +49,7 @@ def test_unknown_group_is_not_found(env):
         asg_peer_ips("no-such-group")
 
 
-def test_fetch_finds_seeders_through_the_group(env, artifact, group, tmp_path):  # noqa: F811
+def test_fetch_finds_seeders_through_the_group(env, artifact, group, tmp_path):
     name, *ips = group
     env.pop("SWARM_COORDINATOR", None)
     with Swarm(tmp_path / "fleet", env) as fleet:

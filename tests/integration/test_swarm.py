@@ -13,42 +13,16 @@ import boto3
 import fastbencode
 import pytest
 
-from tests.conftest import make_artifact
+from tests.conftest import SIZE
 from tests.servers import FaultProxy, Faults, wait_until
 from tests.swarmnet import SWARM, Swarm, done_event, get_json
 
 MiB = 1 << 20
-SIZE = 24 * MiB
 FETCH_TIMEOUT = 120
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def artifact(env, bucket, tmp_path):
-    """A published artifact with a catalog entry; returns (path, catalog, name)."""
-    src = make_artifact(tmp_path / "index.db", SIZE, seed=3)
-    catalog = f"s3://{bucket}/catalog/"
-    subprocess.run(
-        [
-            SWARM,
-            "publish",
-            str(src),
-            f"s3://{bucket}/b/index.db",
-            "--name",
-            "index.db",
-            "--catalog",
-            catalog,
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    env["SWARM_CATALOG"] = catalog
-    return src
 
 
 @pytest.fixture
