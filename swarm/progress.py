@@ -19,8 +19,18 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from swarm.agent.fetch import Progress as ProgressBase
 from swarm.manifest import Manifest
+
+
+class FetchProgress:
+    """Progress callbacks of an in-process fetch; the CLI supplies a bar or JSON lines."""
+
+    def start(self, manifest: Manifest, dest: Path, done_bytes: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def verifying(self) -> None: ...
+
 
 JSON_INTERVAL = 1.0
 """Seconds between JSON progress events (a log line a second is plenty for a machine)."""
@@ -32,7 +42,7 @@ def emit(event: str, stream: TextIO | None = None, **fields: Any) -> None:
     stream.flush()
 
 
-class JsonProgress(ProgressBase):
+class JsonProgress(FetchProgress):
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
         self.total = 0
@@ -65,7 +75,7 @@ class JsonProgress(ProgressBase):
         emit("verifying", self.stream)
 
 
-class RichProgress(ProgressBase):
+class RichProgress(FetchProgress):
     def __init__(self, console: Console | None = None) -> None:
         self.bar = Progress(
             TextColumn("[bold]{task.description}"),

@@ -17,13 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm.agent.daemon import sock_path
 from swarm.agent.store import ensure_space, partial_path
 from swarm.errors import DeadlineError, IntegrityError, NoSpaceError, SwarmError
 
 DAEMON_START_TIMEOUT = 30.0
-STATUS_INTERVAL = 0.25
+STATUS_INTERVAL = 0.5
 COPY_CHUNK = 8 << 20
+
+
+def sock_path(home: Path) -> Path:
+    """The daemon's local API socket for a node home."""
+    return home / "daemon.sock"
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):

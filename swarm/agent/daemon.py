@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, web
 
 from swarm import catalog
+from swarm.agent.client import sock_path
 from swarm.agent.hybrid import (
     LocalOriginPolicy,
     TorrentSink,
@@ -67,10 +68,6 @@ alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
 ORIGIN_RETRY = 5.0
 REPORT_INTERVAL = 1.0
 SOURCES = ("s3", "peers")
-
-
-def sock_path(home: Path) -> Path:
-    return home / "daemon.sock"
 
 
 def node_id(home: Path) -> str:
@@ -202,7 +199,8 @@ class Daemon:
         s3_only = "peers" not in artifact.sources
         if not s3_only and self.trackers:
             self.wake_reporter()
-            artifact.plan_updated.wait(ORIGIN_GRACE)  # the coordinator's first plan
+            # The coordinator's first plan; reading alone meanwhile would duplicate stripes.
+            artifact.plan_updated.wait(PLAN_TTL)
         elif not s3_only and state.finished.wait(ORIGIN_GRACE):
             return
         while not sink.complete() and not artifact.cancel.is_set():

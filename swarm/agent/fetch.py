@@ -19,6 +19,7 @@ from swarm.agent.store import PieceFile, check_dest
 from swarm.errors import DeadlineError, SwarmError
 from swarm.manifest import Manifest
 from swarm.objectstore import make_client
+from swarm.progress import FetchProgress
 from swarm.sources import Cancelled
 from swarm.sources.s3 import S3Source, S3SourceConfig
 
@@ -37,16 +38,6 @@ class FetchResult:
     already_present: bool = False
     retries: int = 0
     hash_failures: int = 0
-
-
-class Progress:
-    """Progress callbacks; the CLI supplies a rich bar or JSON lines."""
-
-    def start(self, manifest: Manifest, dest: Path, done_bytes: int) -> None: ...
-
-    def advance(self, nbytes: int) -> None: ...
-
-    def verifying(self) -> None: ...
 
 
 def dest_already_matches(dest: Path, manifest: Manifest) -> bool:
@@ -91,11 +82,11 @@ def fetch_in_process(
     secret: str | None = None,
     deadline: float | None = None,
     s3_config: S3SourceConfig | None = None,
-    progress: Progress | None = None,
+    progress: FetchProgress | None = None,
 ) -> FetchResult:
     """Fetch ``source`` (s3://BUCKET/KEY or a catalog name) to ``dest`` from S3 alone."""
     started = time.monotonic()
-    progress = progress or Progress()
+    progress = progress or FetchProgress()
     s3_config = s3_config or S3SourceConfig()
     dest = dest.absolute()
     check_dest(dest)

@@ -26,9 +26,10 @@ from typing import Final
 
 from swarm.policy import MixState, Mode, decide, ema, rate
 
-STRIPE_BYTES: Final = 32 << 20
-"""Origin work outstanding per node: two 16 MiB ranged GETs, so the node reads the
-second while the top-up for the next arrives with its next report (1 s later)."""
+STRIPE_BYTES: Final = 16 << 20
+"""Origin work outstanding per node before its rate is known: one 16 MiB ranged GET (the
+top of AWS's 8-16 MiB advice). Small enough that the first nodes of a scale-out do not
+take the whole object between them; ``STRIPE_SECONDS`` grows it for fast readers."""
 
 STRIPE_SECONDS: Final = 2.0
 """A fast reader's stripe holds at least this many seconds of its S3 rate, so a lone node
