@@ -279,11 +279,13 @@ def _fetch_with_daemon(
 ) -> dict[str, Any]:
     from swarm.agent.client import ensure_daemon, fetch_via_daemon
     from swarm.agent.store import check_dest
+    from swarm.fleetauth import fleet_token
     from swarm.progress import DaemonProgress
 
     dest = dest.absolute()
     check_dest(dest)
-    client = ensure_daemon(settings.home, listen, settings.coordinator, peers_from_asg)
+    token = fleet_token(settings.secret) if settings.secret else None
+    client = ensure_daemon(settings.home, listen, settings.coordinator, peers_from_asg, token)
     request = {
         "source": source,
         "catalog": settings.catalog,
@@ -334,8 +336,10 @@ def daemon(listen: str, port: int, coordinator: str | None, peers_from_asg: str 
     import asyncio
 
     from swarm.agent.daemon import serve
+    from swarm.fleetauth import install_redactor
 
     settings = config.load(coordinator=coordinator)
+    install_redactor(settings.secret)
     asyncio.run(serve(settings, listen, port, peers_from_asg=peers_from_asg))
 
 
@@ -350,8 +354,11 @@ def daemon(listen: str, port: int, coordinator: str | None, peers_from_asg: str 
 def coordinator(listen: str, db: Path | None) -> None:
     """Run the coordinator: BitTorrent tracker, fleet view, reports, metrics."""
     from swarm.coordinator.app import run
+    from swarm.fleetauth import fleet_token, install_redactor
 
-    run(listen, db)
+    settings = config.load()
+    install_redactor(settings.secret)
+    run(listen, db, token=fleet_token(settings.secret) if settings.secret else None)
 
 
 @cli.command()
@@ -371,13 +378,16 @@ def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
     settings = config.load(coordinator=coordinator)
     if not settings.coordinator:
         raise click.UsageError("no coordinator: pass --coordinator URL or set SWARM_COORDINATOR")
+    from swarm.fleetauth import fleet_token
+
+    token = fleet_token(settings.secret) if settings.secret else None
     use_json = as_json or not sys.stdout.isatty()
-    view = summarize(fetch_fleet(settings.coordinator))
+    view = summarize(fetch_fleet(settings.coordinator, token))
     if use_json:
         click.echo(json.dumps(view))
         while watch:
             time.sleep(1.0)
-            click.echo(json.dumps(summarize(fetch_fleet(settings.coordinator))))
+            click.echo(json.dumps(summarize(fetch_fleet(settings.coordinator, token))))
         return
     console = Console()
     if not watch:
@@ -386,7 +396,7 @@ def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
     with Live(render(view), console=console, refresh_per_second=2) as live:
         while True:
             time.sleep(1.0)
-            live.update(render(summarize(fetch_fleet(settings.coordinator))))
+            live.update(render(summarize(fetch_fleet(settings.coordinator, token))))
 
 
 @cli.command()

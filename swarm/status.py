@@ -13,18 +13,30 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from swarm.errors import SwarmError
+from swarm.errors import AccessDeniedError, SwarmError
 
 FETCH_TIMEOUT = 5.0
 ACTIVE_RATE = 1024.0
 """A source counts as "in use" by a node above this many bytes/s."""
 
 
-def fetch_fleet(coordinator: str) -> dict[str, Any]:
+def fetch_fleet(coordinator: str, token: str | None = None) -> dict[str, Any]:
     url = coordinator.rstrip("/") + "/v1/fleet"
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT) as response:
             return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        if error.code == 403:
+            raise AccessDeniedError(
+                f"swarm: the coordinator at {coordinator} refused the fleet view (403): set "
+                "SWARM_SECRET to the fleet's secret"
+            ) from error
+        raise SwarmError(
+            f"swarm: the coordinator at {coordinator} answered {error.code}"
+        ) from error
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         raise SwarmError(

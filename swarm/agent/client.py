@@ -42,15 +42,18 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class DaemonClient:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, token: str | None = None) -> None:
         self.home = home
         self.sock = sock_path(home)
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
         conn = UnixHTTPConnection(self.sock, timeout)
         try:
             payload = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+            conn.request(method, path, body=payload, headers=self.headers)
             response = conn.getresponse()
             data = json.loads(response.read() or b"null")
         finally:
@@ -70,10 +73,16 @@ class DaemonClient:
 
 
 def ensure_daemon(
-    home: Path, listen: str | None, coordinator: str | None, peers_from_asg: str | None = None
+    home: Path,
+    listen: str | None,
+    coordinator: str | None,
+    peers_from_asg: str | None = None,
+    token: str | None = None,
 ) -> DaemonClient:
-    """Return a client of this home's daemon, starting one in the background if none answers."""
-    client = DaemonClient(home)
+    """Return a client of this home's daemon, starting one in the background if none answers.
+
+    The fleet secret reaches the daemon through the environment, never its command line."""
+    client = DaemonClient(home, token)
     if client.alive():
         return client
     home.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp.typedefs import Handler
 
 from swarm import catalog
 from swarm.agent.client import sock_path
@@ -44,6 +45,7 @@ from swarm.agent.hybrid import (
 from swarm.agent.store import ensure_space
 from swarm.config import Settings
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
+from swarm.fleetauth import bearer, fleet_token, token_matches
 from swarm.manifest import Manifest
 from swarm.objectstore import make_client
 from swarm.policy import Mode
@@ -114,9 +116,16 @@ class Daemon:
         self.wake_reporter: Callable[[], object] = lambda: None
         self.extra_peers: list[tuple[str, int]] = []
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
-        self.trackers = (
-            [settings.coordinator.rstrip("/") + "/announce"] if settings.coordinator else []
-        )
+        self.token = fleet_token(settings.secret) if settings.secret else None
+        """With a fleet secret: required on the local API, sent to the coordinator, and
+        peers are admitted only if the coordinator lists them as members."""
+        coordinator = settings.coordinator
+        announce = coordinator.rstrip("/") + "/announce" if coordinator else None
+        if announce and self.token:
+            announce += f"?token={self.token}"  # trackers take no headers (BEP 3)
+        self.trackers = [announce] if announce else []
+        if self.token:
+            self.session.admit_only([])  # nobody, until the coordinator names the members
 
     # -- artifacts --------------------------------------------------------------------------
 
@@ -311,6 +320,14 @@ class Daemon:
                 count += 1
         return count
 
+    def take_members(self, members: list[str]) -> None:
+        """The coordinator's authenticated members (plus peers known otherwise) become the
+        only addresses a peer connection may use."""
+        if self.token:
+            allowed = {str(m) for m in members} | {ip for ip, _ in self.extra_peers}
+            allowed.add(self.listen_ip)
+            self.session.admit_only(sorted(allowed))
+
     def take_plans(self, plans: dict[str, Any]) -> None:
         now = time.monotonic()
         for info_hash, plan in plans.items():
@@ -342,6 +359,20 @@ def error_response(error: SwarmError) -> web.Response:
 def make_api(daemon: Daemon) -> web.Application:
     routes = web.RouteTableDef()
 
+    @web.middleware
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if daemon.token and not token_matches(
+            bearer(request.headers.get("Authorization")), daemon.token
+        ):
+            return web.json_response(
+                {
+                    "error": "swarm: the daemon API needs the fleet token (SWARM_SECRET)",
+                    "exit_code": AccessDeniedError.exit_code,
+                },
+                status=403,
+            )
+        return await handler(request)
+
     @routes.get("/v1/health")
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"node": daemon.node_id, "pid": os.getpid()})
@@ -368,7 +399,7 @@ def make_api(daemon: Daemon) -> web.Application:
             return error_response(NotFoundError("swarm: this daemon holds no such artifact"))
         return web.json_response(daemon.describe(found))
 
-    app = web.Application()
+    app = web.Application(middlewares=[require_token])
     app.add_routes(routes)
     return app
 
@@ -377,12 +408,15 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
     """Post this node's counters to the coordinator about once a second (soft state), and
     take the origin plans of its reply. ``wake`` sends a report at once (a new fetch)."""
     url = daemon.settings.coordinator.rstrip("/") + "/v1/report"  # type: ignore[union-attr]
-    async with ClientSession(timeout=ClientTimeout(total=2)) as http:
+    headers = {"Authorization": f"Bearer {daemon.token}"} if daemon.token else {}
+    async with ClientSession(timeout=ClientTimeout(total=2), headers=headers) as http:
         while True:
             try:
                 async with http.post(url, json=daemon.snapshot()) as response:
                     reply = await response.json() if response.status == 200 else {}
                 daemon.take_plans(reply.get("plans") or {})
+                if isinstance(reply.get("members"), list):
+                    daemon.take_members(reply["members"])
             except (TimeoutError, OSError, ValueError) as error:
                 log.debug("report to %s failed: %s", url, error)
             wake.clear()

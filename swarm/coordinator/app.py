@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -50,6 +51,7 @@ from swarm.coordinator.tracker import (
     parse_announce,
 )
 from swarm.errors import SwarmError, UsageError
+from swarm.fleetauth import bearer, token_matches
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,11 @@ class _Metrics:
             registry=self.registry,
         )
         self.reports = Counter("swarm_reports", "Node reports accepted.", registry=self.registry)
+        self.unauthorized = Counter(
+            "swarm_unauthorized",
+            "Requests refused (403) for a missing or wrong fleet token.",
+            registry=self.registry,
+        )
         self.report_failures = Counter(
             "swarm_report_failures", "Node reports rejected as malformed.", registry=self.registry
         )
@@ -127,6 +134,33 @@ METRICS: Final = web.AppKey("metrics", _Metrics)
 CLOCK: Final = web.AppKey("clock", Clock)
 INTERVAL: Final = web.AppKey("interval", int)
 PLANNER: Final = web.AppKey("planner", StripePlanner)
+TOKEN: Final = web.AppKey("token", str)
+
+OPEN_PATHS: Final = frozenset({"/", "/healthz"})
+"""Paths served without the fleet token: the status page shell (its data comes from the
+protected /v1/fleet) and the health check for load balancers."""
+
+
+@web.middleware
+async def _require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """403 unless the request carries the fleet token: as ``token=`` in an announce's
+    query (BitTorrent clients cannot send headers to a tracker), else as a Bearer header."""
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    if request.path == "/announce":
+        presented = request.query.get("token")
+    else:
+        presented = bearer(request.headers.get("Authorization"))
+    if token_matches(presented, request.app[TOKEN]):
+        return await handler(request)
+    request.app[METRICS].unauthorized.inc()
+    if request.path == "/announce":
+        body = encode_failure("not a fleet member: this tracker needs the fleet token")
+        return web.Response(status=403, body=body, content_type="text/plain")
+    return web.json_response(
+        {"ok": False, "error": "not a fleet member: send Authorization: Bearer <fleet token>"},
+        status=403,
+    )
 
 
 def make_app(
@@ -137,6 +171,7 @@ def make_app(
     clock: Clock = time.time,
     expiry_period: float = EXPIRY_PERIOD,
     planner: StripePlanner | None = None,
+    token: str | None = None,
 ) -> web.Application:
     """Build the coordinator application.
 
@@ -148,6 +183,8 @@ def make_app(
         clock: wall-clock seconds; tests pass a fake one.
         expiry_period: seconds between sweeps of stale state.
         planner: origin striping and source-mix decisions (default settings if None).
+        token: the fleet token (:func:`swarm.fleetauth.fleet_token`); when set, announces,
+            reports, the fleet view and metrics answer 403 without it.
 
     Raises:
         UsageError: ``interval`` or ``expiry_period`` is not positive.
@@ -159,7 +196,8 @@ def make_app(
         raise UsageError(f"expiry period must be > 0 seconds, got {expiry_period}")
     if store is None:
         store = MemoryPeerStore(peer_ttl=PEER_TTL_INTERVALS * interval)
-    app = web.Application()
+    app = web.Application(middlewares=[_require_token] if token else [])
+    app[TOKEN] = token or ""
     app[STORE] = store
     app[HISTORY] = History(db_path)
     app[METRICS] = _Metrics(store, clock)
@@ -176,7 +214,9 @@ def make_app(
     return app
 
 
-def run(listen: str = DEFAULT_LISTEN, db_path: str | Path | None = None) -> None:
+def run(
+    listen: str = DEFAULT_LISTEN, db_path: str | Path | None = None, token: str | None = None
+) -> None:
     """Serve the coordinator until interrupted (``swarm coordinator``).
 
     Raises:
@@ -184,7 +224,7 @@ def run(listen: str = DEFAULT_LISTEN, db_path: str | Path | None = None) -> None
         SwarmError: the port cannot be bound or the history database cannot be opened.
     """
     host, port = parse_listen(listen)
-    app = make_app(db_path=db_path)
+    app = make_app(db_path=db_path, token=token)
     try:
         # No access log: a fleet of N nodes reports N times a second.
         web.run_app(app, host=host, port=port, access_log=None, print=None)
@@ -276,7 +316,10 @@ async def _report(request: web.Request) -> web.Response:
         except Exception:
             # History is a record, not a dependency: a full disk must not refuse reports.
             log.exception("cannot record completion of %s by %s", completion.name, completion.node)
-    return web.json_response({"ok": True, "interval": REPORT_INTERVAL, "plans": plans})
+    members = sorted({s.report.addr.rpartition(":")[0].strip("[]") for s in app[STORE].nodes(now)})
+    return web.json_response(
+        {"ok": True, "interval": REPORT_INTERVAL, "plans": plans, "members": members}
+    )
 
 
 _UNSPECIFIED: Final = {"0.0.0.0", "::"}

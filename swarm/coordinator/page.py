@@ -240,7 +240,11 @@ function showError(message) {
 
 async function tick() {
   try {
-    const response = await fetch("/v1/fleet", { cache: "no-store" });
+    // A fleet with a secret: open the page as /#token=FLEET_TOKEN (a fragment never
+    // reaches server logs); the token goes along as a Bearer header.
+    const token = new URLSearchParams(location.hash.slice(1)).get("token");
+    const headers = token ? { Authorization: "Bearer " + token } : {};
+    const response = await fetch("/v1/fleet", { cache: "no-store", headers });
     if (!response.ok) throw new Error("HTTP " + response.status);
     render(await response.json());
     lastOk = Date.now();

@@ -92,6 +92,7 @@ def session_settings(listen_ip: str, port: int, peer_id_prefix: str = "-SW0100-"
                 | lt.alert.category_t.peer_notification
             ),
             "alert_queue_size": 10000,
+            "apply_ip_filter_to_trackers": False,
         }
     )
     return settings
@@ -217,6 +218,17 @@ class TorrentSession:
         finally:
             with self._lock:
                 state.pending.pop(index, None)
+
+    def admit_only(self, addresses: list[str]) -> None:
+        """Let peer connections (both ways) only to and from ``addresses``: the fleet's
+        authenticated members. Trackers are exempt (``apply_ip_filter_to_trackers`` off):
+        the coordinator authenticates those requests itself."""
+        rules = lt.ip_filter()
+        rules.add_rule("0.0.0.0", "255.255.255.255", 1)  # 1 = blocked
+        rules.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
+        for address in addresses:
+            rules.add_rule(address, address, 0)
+        self.session.set_ip_filter(rules)
 
     def save_resume(self, info_hash: str, flush: bool = False) -> None:
         state = self.torrents[info_hash]
