@@ -412,6 +412,7 @@ def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
     help="Seconds before the bootstrap gives up (exit 7, logged).",
 )
 @click.option("--install", "install_cmd", help="Shell command that installs swarm if missing.")
+@click.option("--endpoint-url", help="S3 endpoint for the instances (MinIO, a VPC endpoint).")
 @reports_errors
 def userdata(
     artifact: str,
@@ -420,6 +421,7 @@ def userdata(
     coordinator: str | None,
     deadline: float,
     install_cmd: str | None,
+    endpoint_url: str | None,
 ) -> None:
     """Print a cloud-init user-data script: IMDSv2 identity, fetch, seeding daemon."""
     from swarm.bootstrap.userdata import DEFAULT_INSTALL, render
@@ -433,6 +435,7 @@ def userdata(
             coordinator=settings.coordinator,
             deadline=deadline,
             install=install_cmd or DEFAULT_INSTALL,
+            endpoint_url=endpoint_url,
         ),
         nl=False,
     )
