@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,9 +19,12 @@ from types import ModuleType
 
 import pytest
 
-from tests.netlab import Lab, lab_unavailable
+from tests.conftest import CREDENTIALS, make_artifact
+from tests.netlab import Host, Lab, lab_unavailable, wait_for
+from tests.servers import BIN
 
 REPO = Path(__file__).resolve().parents[2]
+STACK_SIZE = 8 << 20
 
 
 def _load_bench_fleet() -> ModuleType:
@@ -47,6 +51,66 @@ def lab(lab_reason: str | None) -> Iterator[Lab]:
         pytest.skip(lab_reason)
     with Lab("ft") as instance:
         yield instance
+
+
+@pytest.fixture
+def stack(
+    lab: Lab, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[Host, dict[str, str], Path]:
+    """Origin host with an S3 server and a coordinator; ``index.db`` (``STACK_SIZE``, or
+    the test's ``stack_size`` marker) published in ``s3://fleet/catalog/``. The origin's
+    rates are 1000/1000 Mbit unless the test reshapes them."""
+    marker = request.node.get_closest_marker("stack_size")
+    size = marker.args[0] if marker else STACK_SIZE
+    origin = lab.host("origin", 1000, 1000)
+    env = {**os.environ, **CREDENTIALS, "SWARM_CONFIG": str(tmp_path / "none.toml")}
+    env.pop("SWARM_SECRET", None)
+    origin.popen(
+        [BIN / "moto_server", "-H", origin.ip, "-p", "5000"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    origin.popen(
+        [BIN / "swarm", "coordinator", "--listen", f"{origin.ip}:7070"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    s3 = f"http://{origin.ip}:5000"
+    env["AWS_ENDPOINT_URL"] = s3
+    wait_for(
+        lambda: (
+            origin.run(["curl", "-sf", f"http://{origin.ip}:7070/healthz"], check=False).returncode
+            == 0
+        ),
+        30,
+        "coordinator",
+    )
+    wait_for(
+        lambda: origin.run(["curl", "-s", "-o", "/dev/null", s3], check=False).returncode == 0,
+        30,
+        "S3 server",
+    )
+    src = make_artifact(tmp_path / "index.db", size, seed=9)
+    origin.run(
+        [sys.executable, "-c", "import boto3; boto3.client('s3').create_bucket(Bucket='fleet')"],
+        env=env,
+    )
+    origin.run(
+        [
+            BIN / "swarm",
+            "publish",
+            src,
+            "s3://fleet/builds/index.db",
+            "--name",
+            "index.db",
+            "--catalog",
+            "s3://fleet/catalog/",
+        ],
+        env=env,
+    )
+    return origin, env, src
 
 
 @pytest.fixture(scope="module")

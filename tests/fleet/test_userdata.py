@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import CREDENTIALS, make_artifact
+from tests.conftest import CREDENTIALS
+from tests.fleet.conftest import STACK_SIZE as SIZE
 from tests.netlab import Lab, wait_for
 from tests.servers import BIN
 
-SIZE = 8 << 20
 STANDIN = Path(__file__).with_name("imds_standin.py")
 
 
@@ -45,60 +42,6 @@ def start_imds(host, region: str = "eu-west-1") -> None:
         15,
         "the IMDS stand-in",
     )
-
-
-@pytest.fixture
-def stack(lab: Lab, tmp_path: Path):
-    """Origin host with an S3 server and a coordinator; an artifact published by name."""
-    origin = lab.host("origin", 1000, 1000)
-    env = {**os.environ, **CREDENTIALS, "SWARM_CONFIG": str(tmp_path / "none.toml")}
-    env.pop("SWARM_SECRET", None)
-    origin.popen(
-        [BIN / "moto_server", "-H", origin.ip, "-p", "5000"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    origin.popen(
-        [BIN / "swarm", "coordinator", "--listen", f"{origin.ip}:7070"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    s3 = f"http://{origin.ip}:5000"
-    env["AWS_ENDPOINT_URL"] = s3
-    wait_for(
-        lambda: (
-            origin.run(["curl", "-sf", f"http://{origin.ip}:7070/healthz"], check=False).returncode
-            == 0
-        ),
-        30,
-        "coordinator",
-    )
-    wait_for(
-        lambda: origin.run(["curl", "-s", "-o", "/dev/null", s3], check=False).returncode == 0,
-        30,
-        "S3 server",
-    )
-    src = make_artifact(tmp_path / "index.db", SIZE, seed=9)
-    origin.run(
-        [sys.executable, "-c", "import boto3; boto3.client('s3').create_bucket(Bucket='fleet')"],
-        env=env,
-    )
-    origin.run(
-        [
-            BIN / "swarm",
-            "publish",
-            src,
-            "s3://fleet/builds/index.db",
-            "--name",
-            "index.db",
-            "--catalog",
-            "s3://fleet/catalog/",
-        ],
-        env=env,
-    )
-    return origin, env, src
 
 
 def userdata(env: dict[str, str], origin, deadline: float) -> str:
