@@ -1,0 +1,69 @@
+"""Tsunami-style UDP transfer between nodes: TCP control, rate-paced UDP data.
+
+- :mod:`swarm.udp.protocol`: the sans-IO machines (handshake, framing, rate rule);
+- :class:`UdpServer`: what every daemon runs to serve the pieces it holds;
+- :func:`fetch_pieces` / :func:`fetch_pieces_sync`: what the agent's UDP source calls.
+
+Off without a fleet secret: :func:`secret_from_env` returns None when ``SWARM_SECRET`` is
+unset or empty, and the daemon then starts no server and no UDP source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from swarm.udp.client import (
+    DEFAULT_RATE_BPS,
+    FetchStats,
+    UdpAuthError,
+    UdpError,
+    fetch_pieces,
+    fetch_pieces_sync,
+)
+from swarm.udp.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_PORT, MIN_SECRET_LEN
+from swarm.udp.server import (
+    DEFAULT_RATE_CAP_BPS,
+    ArtifactPieces,
+    FilePieces,
+    PieceProvider,
+    StaticProvider,
+    UdpServer,
+)
+
+
+def secret_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
+    """The fleet secret from ``SWARM_SECRET``, or None (UDP off). Never a default.
+
+    Raises:
+        ValueError: the secret is set but shorter than :data:`MIN_SECRET_LEN` bytes.
+    """
+    value = environ.get("SWARM_SECRET", "")
+    if not value:
+        return None
+    secret = value.encode()
+    if len(secret) < MIN_SECRET_LEN:
+        raise ValueError(
+            f"SWARM_SECRET is {len(secret)} bytes; use at least {MIN_SECRET_LEN} "
+            "(e.g. `openssl rand -hex 32`), the same on every node"
+        )
+    return secret
+
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_PORT",
+    "DEFAULT_RATE_BPS",
+    "DEFAULT_RATE_CAP_BPS",
+    "ArtifactPieces",
+    "FetchStats",
+    "FilePieces",
+    "PieceProvider",
+    "StaticProvider",
+    "UdpAuthError",
+    "UdpError",
+    "UdpServer",
+    "fetch_pieces",
+    "fetch_pieces_sync",
+    "secret_from_env",
+]

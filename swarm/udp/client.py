@@ -1,0 +1,325 @@
+"""The UDP transfer client (asyncio edge of :mod:`swarm.udp.protocol`).
+
+:func:`fetch_pieces` pulls pieces of one artifact from one server and hands each complete
+piece to ``on_piece``, which checks its hash (the sink) and returns False to have it sent
+again. :func:`fetch_pieces_sync` runs the same in a private event loop, for the daemon's
+source threads::
+
+    stats = fetch_pieces_sync(
+        "10.0.0.5", 7881, secret, manifest.info_hash_hex, sink.missing(),
+        on_piece=lambda i, data: sink.offer(i, data, "udp"),
+        piece_size=manifest.piece_size, piece_count=manifest.piece_count,
+        rate_bps=1_000_000_000, cancel=cancel_event,
+    )
+
+Pieces the server does not have come back in ``stats.unavailable``; pieces whose hash
+failed :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS` times in ``stats.failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from swarm.errors import AccessDeniedError, SwarmError
+from swarm.udp import protocol as p
+from swarm.udp.server import tune_buffers
+
+DEFAULT_RATE_BPS = 1_000_000_000
+"""What a client asks for by default: a 1 Gbit/s NIC. The rate rule finds the real
+bottleneck within a few report intervals, and the server's cap bounds it anyway."""
+CONNECT_TIMEOUT = 10.0
+STALL_TIMEOUT = 10.0
+"""Seconds without a new block (or, before that, without a validated path) before giving
+up: UDP is probably filtered between the two hosts."""
+
+
+class UdpError(SwarmError):
+    """The UDP transfer failed; the message says why and what to check."""
+
+
+class UdpAuthError(AccessDeniedError):
+    """The fleet secrets of the two nodes differ (exit code 4)."""
+
+
+@dataclass
+class FetchStats:
+    kept: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    unavailable: list[int] = field(default_factory=list)
+    refused: str | None = None
+    """The server's reason when it refused the whole request (unknown info-hash)."""
+    bytes: int = 0
+    """Payload bytes received (duplicates included)."""
+    datagrams: int = 0
+    duplicates: int = 0
+    forged: int = 0
+    naks: int = 0
+    hash_failures: int = 0
+    seconds: float = 0.0
+    sender_rate_bps: int = 0
+
+    @property
+    def goodput_bps(self) -> float:
+        """Payload bits per second over the whole fetch (handshake and tail included)."""
+        return 8 * self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, fetch: _Fetch) -> None:
+        self.fetch = fetch
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.fetch.on_datagram(data)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable while probing: the server is not listening on UDP yet.
+        pass
+
+
+class _Fetch:
+    def __init__(
+        self,
+        session: p.ClientSession,
+        on_piece: Callable[[int, bytes], bool],
+        stall_timeout: float,
+    ) -> None:
+        self.session = session
+        self.on_piece = on_piece
+        self.stall_timeout = stall_timeout
+        self.writer: asyncio.StreamWriter | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+        self.error: BaseException | None = None
+        self.wake = asyncio.Event()
+        self.refused: str | None = None
+        self.checks: set[asyncio.Future[bool]] = set()
+        # One thread: the sink sees pieces one at a time, in arrival order, and hashing
+        # (which releases the GIL) overlaps with receiving.
+        self.sink = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="udp-sink")
+        self.last_block = time.monotonic()
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.wake.set()
+
+    def flush(self) -> None:
+        out = self.session.data_to_send()
+        if out and self.writer is not None and not self.writer.is_closing():
+            self.writer.write(out)
+
+    def handle_events(self) -> None:
+        loop = asyncio.get_running_loop()
+        for event in self.session.events():
+            if isinstance(event, p.PieceReceived):
+                future = loop.run_in_executor(self.sink, self.on_piece, event.index, event.data)
+                self.checks.add(future)
+                future.add_done_callback(lambda f, i=event.index: self._checked(f, i))
+            elif isinstance(event, p.Refused):
+                self.refused = event.reason
+            elif isinstance(event, p.PeerError):
+                self.fail(UdpError(f"the UDP server closed the transfer: {event.reason}"))
+            elif isinstance(event, p.TransferDone):
+                self.wake.set()
+        self.flush()
+
+    def _checked(self, future: asyncio.Future[bool], index: int) -> None:
+        self.checks.discard(future)
+        try:
+            ok = bool(future.result())
+        except Exception as error:  # the sink failed (disk full...): stop, report it
+            self.fail(error)
+            return
+        try:
+            self.session.piece_checked(index, ok)
+        except p.LocalProtocolError as error:
+            self.fail(error)
+            return
+        self.handle_events()
+
+    def on_datagram(self, data: bytes) -> None:
+        before = self.session.stats.bytes
+        try:
+            self.session.receive_datagram(data)
+        except p.RemoteProtocolError as error:
+            self.fail(UdpError(f"the UDP server sent a bad block: {error}"))
+            return
+        if self.session.stats.bytes != before:
+            self.last_block = time.monotonic()
+        self.handle_events()
+
+    async def read_loop(self, reader: asyncio.StreamReader) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                if not self.session.done:
+                    self.fail(UdpError("the UDP server closed the control connection"))
+                self.wake.set()
+                return
+            self.session.receive_control(data, loop.time())
+            self.handle_events()
+            if self.session.state is p.ClientState.DONE and not self.checks:
+                self.wake.set()
+
+    async def timer_loop(self, cancel: threading.Event | None) -> None:
+        loop = asyncio.get_running_loop()
+        session = self.session
+        while not session.done:
+            now = loop.time()
+            for datagram in session.handle_timer(now):
+                if self.transport is not None:
+                    self.transport.sendto(datagram)
+            self.handle_events()
+            if cancel is not None and cancel.is_set():
+                session.cancel()
+                self.handle_events()
+                return
+            if time.monotonic() - self.last_block > self.stall_timeout:
+                state = (
+                    "validate the UDP path" if session.state is p.ClientState.PROBING else "send"
+                )
+                raise UdpError(
+                    f"the UDP server did not {state} for {self.stall_timeout:g}s: "
+                    "check that UDP (not only TCP) is allowed to its port"
+                )
+            due = session.next_timer()
+            delay = 0.1 if due is None else min(0.1, max(0.0, due - loop.time()))
+            await asyncio.sleep(delay)
+
+
+async def fetch_pieces(
+    host: str,
+    port: int,
+    secret: bytes,
+    info_hash_hex: str,
+    pieces: Sequence[int],
+    on_piece: Callable[[int, bytes], bool],
+    *,
+    piece_size: int | None = None,
+    piece_count: int | None = None,
+    rate_bps: int = DEFAULT_RATE_BPS,
+    block_size: int = p.DEFAULT_BLOCK_SIZE,
+    timeout: float | None = None,
+    stall_timeout: float = STALL_TIMEOUT,
+    cancel: threading.Event | None = None,
+) -> FetchStats:
+    """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
+
+    ``on_piece(index, data)`` runs in a worker thread, one piece at a time; it returns False
+    when the piece's hash does not match (the piece is then sent again, up to
+    :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS` times). ``piece_size``/``piece_count``,
+    when given, must match the server's artifact. ``timeout`` bounds the whole fetch;
+    setting ``cancel`` stops it cleanly (pieces kept so far stay kept).
+
+    Raises:
+        UdpAuthError: the server does not share our fleet secret.
+        UdpError: the server is unreachable, broke the protocol, or data stopped flowing.
+    """
+    key = p.FleetKey(secret)
+    session = p.ClientSession(
+        key,
+        os.urandom(p.NONCE_LEN),
+        info_hash_hex,
+        list(pieces),
+        rate_bps,
+        block_size,
+        piece_size,
+        piece_count,
+    )
+    fetch = _Fetch(session, on_piece, stall_timeout)
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            await _run(fetch, host, port, cancel)
+    except TimeoutError:
+        raise UdpError(f"UDP fetch from {host}:{port} did not finish in {timeout:g}s") from None
+    except p.AuthenticationError as error:
+        raise UdpAuthError(
+            f"udp://{host}:{port}: {error}: set the same SWARM_SECRET on every node"
+        ) from None
+    except p.RemoteProtocolError as error:
+        raise UdpError(f"udp://{host}:{port} broke the protocol: {error}") from None
+    except OSError as error:
+        raise UdpError(f"cannot reach udp://{host}:{port}: {error}") from None
+    finally:
+        fetch.sink.shutdown(wait=True, cancel_futures=True)
+    stats = session.stats
+    plan = session.plan
+    return FetchStats(
+        kept=list(session.kept),
+        failed=list(session.failed),
+        unavailable=list(session.unavailable),
+        refused=fetch.refused,
+        bytes=stats.bytes,
+        datagrams=stats.datagrams,
+        duplicates=stats.duplicates,
+        forged=stats.forged,
+        naks=stats.naks,
+        hash_failures=stats.hash_failures,
+        seconds=time.monotonic() - started,
+        sender_rate_bps=stats.sender_rate_bps if plan is not None else 0,
+    )
+
+
+async def _run(fetch: _Fetch, host: str, port: int, cancel: threading.Event | None) -> None:
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT)
+    fetch.writer = writer
+    server_ip = writer.get_extra_info("peername")[0]
+    family = writer.get_extra_info("socket").family
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    transport = None
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        tune_buffers(sock)
+        # A connected socket: the kernel drops datagrams from any other source address.
+        sock.connect((server_ip, port))
+        sock.setblocking(False)
+        transport, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(fetch), sock=sock)
+        fetch.transport = transport
+        fetch.flush()
+        tasks = [
+            asyncio.ensure_future(fetch.read_loop(reader)),
+            asyncio.ensure_future(fetch.timer_loop(cancel)),
+        ]
+        for task in tasks:
+            task.add_done_callback(
+                lambda t: fetch.fail(t.exception()) if not t.cancelled() and t.exception() else None
+            )
+        while fetch.error is None and not (fetch.session.done and not fetch.checks):
+            fetch.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fetch.wake.wait(), 0.5)
+        if fetch.error is not None:
+            raise fetch.error
+        # Wait briefly for BYE so the server logs a clean end; the data is complete anyway.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(tasks[0], 1.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if transport is not None:
+            transport.close()
+        else:
+            sock.close()
+        writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+def fetch_pieces_sync(*args: object, **kwargs: object) -> FetchStats:
+    """:func:`fetch_pieces` in a private event loop: call it from a source thread (not from
+    a thread already running an event loop). Pass ``cancel=threading.Event()`` to be able
+    to stop it from another thread."""
+    return asyncio.run(fetch_pieces(*args, **kwargs))  # type: ignore[arg-type]

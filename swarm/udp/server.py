@@ -1,0 +1,445 @@
+"""The UDP transfer server (asyncio edge of :mod:`swarm.udp.protocol`).
+
+Every daemon serves the pieces it holds: TCP control and UDP data on the same port number
+(default 7881). One :class:`~swarm.udp.protocol.ServerSession` per control connection; one
+UDP socket for all sessions, demultiplexed by the session id in each datagram.
+
+What the server guarantees whatever a client does:
+
+- nothing is read or sent before the client proved the fleet secret;
+- a request names an info-hash, looked up in the :class:`PieceProvider`; never a path;
+- data goes only to the control connection's IP, at the UDP port a sealed PROBE came from;
+  an unauthenticated datagram gets no answer at all (0 bytes: no reflection, no
+  amplification), and a forged one is counted in :attr:`UdpServer.forged_datagrams`;
+- the sum of all sessions' rates stays under ``rate_cap_bps`` (an equal share each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from swarm.udp import protocol as p
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RATE_CAP_BPS = 1_000_000_000
+"""Server-wide cap: a 1 Gbit/s NIC's worth. Set it below the NIC so a seeder's own fetches
+and BitTorrent traffic keep a share."""
+MAX_SESSIONS = 32
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds from TCP accept to a validated UDP path; then the connection is closed."""
+IDLE_TIMEOUT = 30.0
+"""Seconds without a control frame from the client (it reports every 50 ms)."""
+SOCKET_BUFFER = 32 << 20
+"""UDP socket buffers: at 1 Gbit/s, 32 MiB is 250 ms of data, enough to ride out a slow
+event-loop turn (a GC pause, a piece read) without dropping. Above net.core.[rw]mem_max
+only root can set it (SO_*BUFFORCE); otherwise the kernel clamps it."""
+WRITE_BUFFER_HIGH = 256 << 10
+"""Bytes queued in asyncio's datagram transport (the socket was full) before the pacer
+waits: pacing must not turn into an unbounded queue in user space."""
+
+
+class ArtifactPieces(Protocol):
+    """The pieces of one artifact this node holds."""
+
+    @property
+    def piece_size(self) -> int: ...
+
+    @property
+    def piece_count(self) -> int: ...
+
+    @property
+    def total_size(self) -> int: ...
+
+    def has(self, index: int) -> bool: ...
+
+    def read(self, index: int) -> bytes:
+        """The piece's bytes (blocking is fine: called in a worker thread)."""
+        ...
+
+
+class PieceProvider(Protocol):
+    def lookup(self, info_hash_hex: str) -> ArtifactPieces | None:
+        """The artifact with this info-hash (lowercase hex), or None if we have none."""
+        ...
+
+
+@dataclass(frozen=True)
+class FilePieces:
+    """A complete file as :class:`ArtifactPieces` (a seeder's artifact, tests, bench)."""
+
+    path: Path
+    piece_size: int
+    total_size: int
+
+    @classmethod
+    def open(cls, path: Path | str, piece_size: int) -> FilePieces:
+        return cls(Path(path), piece_size, Path(path).stat().st_size)
+
+    @property
+    def piece_count(self) -> int:
+        return p.piece_count_for(self.total_size, self.piece_size)
+
+    def has(self, index: int) -> bool:
+        return 0 <= index < self.piece_count
+
+    def read(self, index: int) -> bytes:
+        length = min(self.piece_size, self.total_size - index * self.piece_size)
+        with self.path.open("rb") as f:
+            data = os.pread(f.fileno(), length, index * self.piece_size)
+        if len(data) != length:
+            raise OSError(f"{self.path}: short read of piece {index}")
+        return data
+
+
+class StaticProvider:
+    """A fixed map of info-hash (hex) -> pieces."""
+
+    def __init__(self, artifacts: dict[str, ArtifactPieces]) -> None:
+        self._artifacts = {k.lower(): v for k, v in artifacts.items()}
+
+    def lookup(self, info_hash_hex: str) -> ArtifactPieces | None:
+        return self._artifacts.get(info_hash_hex.lower())
+
+
+def tune_buffers(sock: socket.socket, size: int = SOCKET_BUFFER) -> None:
+    for force, plain in (
+        (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
+        (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF),
+    ):
+        try:
+            if force is None:
+                raise OSError
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
+        self._on = on_datagram
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self._on(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable from a client that went away: its session times out.
+        log.debug("udp: %s", exc)
+
+
+class _Conn:
+    """One control connection and its session."""
+
+    def __init__(
+        self, server: UdpServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}"
+        self.session = p.ServerSession(
+            server._key, os.urandom(p.NONCE_LEN), peer[0], server.rate_cap_bps
+        )
+        self.wake = asyncio.Event()
+        self.artifact: ArtifactPieces | None = None
+        self.closing = False
+
+    def flush(self) -> None:
+        out = self.session.data_to_send()
+        if out and not self.writer.is_closing():
+            self.writer.write(out)
+
+    def handle_events(self) -> None:
+        server, session = self.server, self.session
+        for event in session.events():
+            if isinstance(event, p.Authenticated):
+                if event.session_id in server._sessions:
+                    session.send_error("session id collision, retry")
+                    continue
+                server._sessions[event.session_id] = self
+            elif isinstance(event, p.RequestReceived):
+                self._decide(event)
+            elif isinstance(event, p.NeedPieces):
+                for index in event.pieces:
+                    asyncio.get_running_loop().create_task(self._load(index))
+            elif isinstance(event, p.PathValidated):
+                log.info("udp: sending to %s:%d", *event.addr)
+                self.wake.set()
+            elif isinstance(event, p.TransferDone | p.PeerError):
+                self.closing = True
+                self.wake.set()
+        self.flush()
+
+    def _decide(self, request: p.RequestReceived) -> None:
+        server, session = self.server, self.session
+        artifact = server.provider.lookup(request.info_hash_hex)
+        if artifact is None:
+            server.refused += 1
+            session.refuse(p.RefuseCode.UNKNOWN_ARTIFACT, "no artifact with this info-hash here")
+            self.closing = True
+            return
+        if max(request.pieces) >= artifact.piece_count:
+            server.refused += 1
+            session.refuse(
+                p.RefuseCode.BAD_REQUEST, f"the artifact has {artifact.piece_count} pieces"
+            )
+            self.closing = True
+            return
+        if artifact.piece_size > p.MAX_PIECE_SIZE:
+            session.refuse(p.RefuseCode.BAD_REQUEST, "piece size too large for UDP transfer")
+            self.closing = True
+            return
+        self.artifact = artifact
+        have = [i for i in request.pieces if artifact.has(i)]
+        gone = [i for i in request.pieces if not artifact.has(i)]
+        block = min(request.block_size, server.max_block_size)
+        session.accept(
+            artifact.piece_size, artifact.total_size, have, gone, request.rate_bps, block
+        )
+        server._sending.add(self)
+        server._share_cap()
+
+    async def _load(self, index: int) -> None:
+        assert self.artifact is not None
+        loop = asyncio.get_running_loop()
+        try:
+            data = await loop.run_in_executor(None, self.artifact.read, index)
+        except OSError as error:
+            log.warning("udp: cannot read piece %d: %s", index, error)
+            self.session.send_error("server cannot read a piece")
+            self.closing = True
+            self.flush()
+            self.wake.set()
+            return
+        if not self.session.closed:
+            self.session.piece_loaded(index, data)
+            self.handle_events()
+            self.wake.set()
+
+    async def read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closing:
+            timeout = (
+                HANDSHAKE_TIMEOUT
+                if self.session.state is p.ServerState.AWAIT_HELLO
+                else self.server.idle_timeout
+            )
+            try:
+                data = await asyncio.wait_for(self.reader.read(1 << 16), timeout)
+            except TimeoutError:
+                log.info("udp: %s idle, closing", self.peer)
+                return
+            if not data:
+                return
+            try:
+                self.session.receive_control(data, loop.time())
+            except p.AuthenticationError as error:
+                self.server.auth_failures += 1
+                log.warning("udp: %s: %s", self.peer, error)
+                self.session.send_error(str(error))
+                self.flush()
+                return
+            except p.RemoteProtocolError as error:
+                log.warning("udp: %s: %s", self.peer, error)
+                self.session.send_error(str(error))
+                self.flush()
+                return
+            self.handle_events()
+            self.wake.set()
+
+    async def pace_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        session, server = self.session, self.server
+        deadline = loop.time() + HANDSHAKE_TIMEOUT
+        while not self.closing:
+            transport = server._transport
+            if transport is None:
+                return
+            if session.state is not p.ServerState.SENDING:
+                if loop.time() > deadline:
+                    log.info("udp: %s did not validate its UDP path in time", self.peer)
+                    return
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), 0.5)
+                continue
+            if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+                await asyncio.sleep(0.001)
+                continue
+            addr = session.data_addr
+            assert addr is not None
+            sent_before = session.stats.bytes
+            for datagram in session.handle_timer(loop.time()):
+                transport.sendto(datagram, addr)
+            server.bytes_sent += session.stats.bytes - sent_before
+            self.handle_events()
+            due = session.next_timer(loop.time())
+            if due is None:
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), 0.5)
+            else:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+
+    async def run(self) -> None:
+        reader = asyncio.ensure_future(self.read_loop())
+        pacer = asyncio.ensure_future(self.pace_loop())
+        try:
+            await asyncio.wait({reader, pacer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.closing = True
+            for task in (reader, pacer):
+                task.cancel()
+            for task in (reader, pacer):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self.flush()
+            self.server._forget(self)
+            with contextlib.suppress(Exception):
+                self.writer.close()
+                await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+
+class UdpServer:
+    """Serves pieces from ``provider`` over TCP control + UDP data on ``host:port``.
+
+    ``secret`` is the fleet secret (``SWARM_SECRET``); there is no default, and without one
+    the daemon must not start this server. ``port=0`` picks a free port (tests); TCP and
+    UDP then share it.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        provider: PieceProvider,
+        host: str = "0.0.0.0",
+        port: int = p.DEFAULT_PORT,
+        rate_cap_bps: int = DEFAULT_RATE_CAP_BPS,
+        max_sessions: int = MAX_SESSIONS,
+        max_block_size: int = p.MAX_BLOCK_SIZE,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:
+        self._key = p.FleetKey(secret)
+        if rate_cap_bps < p.MIN_RATE_BPS:
+            raise ValueError(f"rate_cap_bps must be >= {p.MIN_RATE_BPS}, got {rate_cap_bps}")
+        p.validate_block_size(max_block_size)
+        self.provider = provider
+        self.host = host
+        self.port = port
+        self.rate_cap_bps = rate_cap_bps
+        self.max_sessions = max_sessions
+        self.max_block_size = max_block_size
+        self.idle_timeout = idle_timeout
+        self._tcp: asyncio.Server | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+        self._sessions: dict[bytes, _Conn] = {}
+        self._conns: set[_Conn] = set()
+        self._sending: set[_Conn] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # counters
+        self.forged_datagrams = 0
+        self.bytes_sent = 0
+        self.sessions_total = 0
+        self.auth_failures = 0
+        self.refused = 0
+        self.rejected_busy = 0
+
+    @property
+    def sessions_active(self) -> int:
+        return len(self._conns)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tcp = await asyncio.start_server(self._on_connection, self.host, self.port)
+        self.port = self._tcp.sockets[0].getsockname()[1]
+        family = self._tcp.sockets[0].family
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.bind((self.host, self.port))
+            tune_buffers(sock)
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _Datagrams(self._on_datagram), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            self._tcp.close()
+            raise
+        self._transport = transport
+        log.info(
+            "udp: serving on %s:%d (cap %.0f Mbit/s)", self.host, self.port, self.rate_cap_bps / 1e6
+        )
+
+    async def close(self) -> None:
+        if self._tcp is not None:
+            self._tcp.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._tcp is not None:
+            with contextlib.suppress(Exception):
+                await self._tcp.wait_closed()
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    async def __aenter__(self) -> UdpServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if len(self._conns) >= self.max_sessions:
+            # Before authentication there is nothing to say safely; the client retries later.
+            self.rejected_busy += 1
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # type: ignore[arg-type]
+        conn = _Conn(self, reader, writer)
+        self._conns.add(conn)
+        self.sessions_total += 1
+        try:
+            await conn.run()
+        finally:
+            self._tasks.discard(task)  # type: ignore[arg-type]
+
+    def _forget(self, conn: _Conn) -> None:
+        self._conns.discard(conn)
+        self._sending.discard(conn)
+        if conn.session.session_id:
+            self._sessions.pop(conn.session.session_id, None)
+        self._share_cap()
+
+    def _share_cap(self) -> None:
+        if self._sending:
+            share = self.rate_cap_bps / len(self._sending)
+            for conn in self._sending:
+                conn.session.set_rate_cap(share)
+
+    def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        session_id = p.peek_session_id(data)
+        conn = self._sessions.get(session_id) if session_id is not None else None
+        if conn is None:
+            self.forged_datagrams += 1
+            return
+        if not conn.session.receive_datagram(data, addr):
+            self.forged_datagrams += 1
+            return
+        conn.handle_events()

@@ -1,0 +1,297 @@
+"""UDP transfer over real sockets: loopback, and a tbf-shaped link between namespaces."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarm.udp import (
+    FilePieces,
+    StaticProvider,
+    UdpAuthError,
+    UdpServer,
+    fetch_pieces,
+    fetch_pieces_sync,
+    secret_from_env,
+)
+from swarm.udp import protocol as p
+from tests.conftest import make_artifact
+
+SECRET = b"integration-fleet-secret-0123456789"
+INFO_HASH = "5e" * 20
+PIECE = 1 << 20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Sink:
+    """Checks pieces against their SHA-1 like the daemon's sink; can fail some on purpose."""
+
+    def __init__(self, pieces: FilePieces, fail_once: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        self.hashes = [hashlib.sha1(pieces.read(i)).digest() for i in range(pieces.piece_count)]
+        self.kept: dict[int, bytes] = {}
+        self.fail_once = set(fail_once)
+        self.offers = 0
+
+    def __call__(self, index: int, data: bytes) -> bool:
+        self.offers += 1
+        if index in self.fail_once:
+            self.fail_once.discard(index)
+            return False
+        if hashlib.sha1(data).digest() != self.hashes[index]:
+            return False
+        self.kept[index] = data
+        return True
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> FilePieces:
+    path = make_artifact(tmp_path / "artifact.bin", 24 * PIECE + 12345, seed=3)
+    return FilePieces.open(path, PIECE)
+
+
+def serve(artifact: FilePieces, **kw: object) -> UdpServer:
+    kw.setdefault("rate_cap_bps", 2_000_000_000)
+    return UdpServer(
+        SECRET,
+        StaticProvider({INFO_HASH: artifact}),
+        host="127.0.0.1",
+        port=0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_loopback_fetch_is_exact_and_rerequests_a_bad_piece(artifact: FilePieces) -> None:
+    async def main() -> None:
+        async with serve(artifact) as server:
+            sink = Sink(artifact, fail_once={5})
+            wanted = list(range(artifact.piece_count))
+            stats = await fetch_pieces(
+                "127.0.0.1",
+                server.port,
+                SECRET,
+                INFO_HASH,
+                wanted,
+                sink,
+                piece_size=PIECE,
+                piece_count=artifact.piece_count,
+                rate_bps=2_000_000_000,
+                timeout=30,
+            )
+            assert sorted(stats.kept) == wanted
+            assert sorted(sink.kept) == wanted
+            assert all(sink.kept[i] == artifact.read(i) for i in wanted)
+            assert stats.hash_failures == 1 and sink.offers == len(wanted) + 1
+            assert stats.forged == 0 and server.forged_datagrams == 0
+            assert server.bytes_sent >= artifact.total_size
+            assert server.sessions_total == 1
+
+    asyncio.run(main())
+
+
+def test_unknown_info_hash_is_refused_cleanly(artifact: FilePieces) -> None:
+    async def main() -> None:
+        async with serve(artifact) as server:
+            stats = await fetch_pieces(
+                "127.0.0.1", server.port, SECRET, "00" * 20, [0, 1], Sink(artifact), timeout=10
+            )
+            assert stats.refused and "info-hash" in stats.refused
+            assert stats.unavailable == [0, 1] and stats.kept == []
+            assert server.refused == 1
+
+    asyncio.run(main())
+
+
+def test_wrong_secret_is_refused_both_ways(artifact: FilePieces) -> None:
+    async def main() -> None:
+        async with serve(artifact) as server:
+            # Our client checks the server's proof first: a server with another secret fails.
+            with pytest.raises(UdpAuthError, match="SWARM_SECRET"):
+                await fetch_pieces(
+                    "127.0.0.1",
+                    server.port,
+                    b"another-secret-entirely-0123456789",
+                    INFO_HASH,
+                    [0],
+                    Sink(artifact),
+                    timeout=10,
+                )
+            # A client that cannot prove the secret gets an error and nothing else.
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(p.frame(p.Msg.HELLO, p.VERSION_MAGIC + os.urandom(32)))
+            header = await reader.readexactly(5)
+            challenge = await reader.readexactly(struct.unpack("!I", header[:4])[0])
+            assert header[4] == p.Msg.CHALLENGE and len(challenge) == 64
+            writer.write(p.frame(p.Msg.AUTH, os.urandom(32)))
+            rest = await asyncio.wait_for(reader.read(), 5)
+            assert rest[4] == p.Msg.ERROR and b"authentication failed" in rest
+            writer.close()
+            assert server.auth_failures == 1
+            assert server.bytes_sent == 0
+
+    asyncio.run(main())
+
+
+def test_forged_datagrams_are_counted_and_unauthenticated_addresses_get_nothing(
+    artifact: FilePieces,
+) -> None:
+    async def main() -> None:
+        # A slow transfer (20 Mbit/s cap) so that forgeries land mid-session.
+        async with serve(artifact, rate_cap_bps=20_000_000) as server:
+            sink = Sink(artifact)
+            fetch = asyncio.ensure_future(
+                fetch_pieces("127.0.0.1", server.port, SECRET, INFO_HASH, [0, 1, 2], sink)
+            )
+            for _ in range(200):
+                if any(c.session.data_addr for c in server._sessions.values()):
+                    break
+                await asyncio.sleep(0.01)
+            (session_id,) = server._sessions
+            attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            attacker.bind(("127.0.0.2", 0))  # another address, as a spoofer would use
+            attacker.setblocking(False)
+            forgeries = [
+                os.urandom(100),
+                b"\x50\x00" + session_id + bytes(12) + os.urandom(16),  # probe, bad tag
+                b"\x44\x00" + session_id + bytes(12) + os.urandom(1000),  # data, bad tag
+                b"\x50",
+            ]
+            for datagram in forgeries:
+                attacker.sendto(datagram, ("127.0.0.1", server.port))
+            stats = await asyncio.wait_for(fetch, 30)
+            assert sorted(stats.kept) == [0, 1, 2]
+            assert server.forged_datagrams == len(forgeries)
+            # Not one byte went back to the unauthenticated address (nor amplification).
+            with pytest.raises(BlockingIOError):
+                attacker.recv(65536)
+            attacker.close()
+
+    asyncio.run(main())
+
+
+def test_server_cap_holds_whatever_the_client_asks(artifact: FilePieces) -> None:
+    cap = 40_000_000
+
+    async def main() -> None:
+        async with serve(artifact, rate_cap_bps=cap) as server:
+            stats = await fetch_pieces(
+                "127.0.0.1",
+                server.port,
+                SECRET,
+                INFO_HASH,
+                [0, 1, 2, 3],
+                Sink(artifact),
+                rate_bps=10_000_000_000,
+                timeout=30,
+            )
+            assert len(stats.kept) == 4
+            assert stats.sender_rate_bps <= cap
+            # 4 MiB at 40 Mbit/s takes >= 0.84 s; allow one 4 ms burst of slack.
+            assert stats.seconds >= 4 * PIECE * 8 / cap * 0.95
+
+    asyncio.run(main())
+
+
+def test_sync_wrapper_runs_in_a_source_thread_and_cancels(artifact: FilePieces) -> None:
+    loop = asyncio.new_event_loop()
+    server = serve(artifact, rate_cap_bps=20_000_000)
+    loop.run_until_complete(server.start())
+    serving = threading.Thread(target=loop.run_forever, daemon=True)
+    serving.start()
+    try:
+        cancel = threading.Event()
+        sink = Sink(artifact)
+        result: list[object] = []
+
+        def source() -> None:
+            result.append(
+                fetch_pieces_sync(
+                    "127.0.0.1",
+                    server.port,
+                    SECRET,
+                    INFO_HASH,
+                    list(range(artifact.piece_count)),
+                    sink,
+                    cancel=cancel,
+                )
+            )
+
+        thread = threading.Thread(target=source)
+        thread.start()
+        # Cancel once a piece is kept (24 pieces at 20 Mbit/s would take 10 s).
+        for _ in range(500):
+            if sink.kept:
+                break
+            threading.Event().wait(0.01)
+        cancel.set()
+        thread.join(10)
+        assert not thread.is_alive()
+        (stats,) = result
+        assert 1 <= len(stats.kept) < artifact.piece_count  # type: ignore[attr-defined]
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        serving.join(10)
+        loop.close()
+
+
+def test_no_secret_means_udp_off() -> None:
+    assert secret_from_env({}) is None
+    assert secret_from_env({"SWARM_SECRET": ""}) is None
+    with pytest.raises(ValueError, match="at least 16"):
+        secret_from_env({"SWARM_SECRET": "short"})
+    with pytest.raises(p.LocalProtocolError):
+        UdpServer(b"", StaticProvider({}))
+
+
+# -- across network namespaces -----------------------------------------------------------------
+
+
+@pytest.fixture
+def lab() -> Iterator[object]:
+    from tests.netlab import Lab, lab_unavailable
+
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with Lab("swudp") as lab:
+        yield lab
+
+
+@pytest.mark.fleet
+def test_shaped_link_between_namespaces(lab: object, tmp_path: Path) -> None:
+    """100 Mbit tbf link, 1500 MTU, blocks that fit one IP packet (no fragments): the
+    transfer completes exactly and fills >= 75% of the link (bench/udp.py measures more)."""
+    mbit = 100
+    server_host = lab.host("srv", up_mbit=mbit, down_mbit=10 * mbit)  # type: ignore[attr-defined]
+    client_host = lab.host("cli", up_mbit=10 * mbit, down_mbit=mbit)  # type: ignore[attr-defined]
+    path = make_artifact(tmp_path / "a.bin", 24 << 20, seed=9)
+    env = {**os.environ, "SWARM_SECRET": SECRET.decode(), "PYTHONPATH": str(ROOT)}
+    bench = [sys.executable, str(ROOT / "bench" / "udp.py")]
+    server = server_host.popen(
+        [*bench, "serve", "--host", server_host.ip, "--file", path, "--cap-mbit", "1000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    assert server.stdout.readline().strip().startswith("serving")
+    fetch_args = ["--rate-mbit", "1000", "--block-size", "1400"]
+    done = client_host.run(
+        [*bench, "fetch", "--host", server_host.ip, "--file", path, *fetch_args],
+        env=env,
+        timeout=60,
+    )
+    result = json.loads(done.stdout)
+    assert result["complete"] and result["verified"]
+    assert result["goodput_mbit"] >= 0.75 * mbit, result

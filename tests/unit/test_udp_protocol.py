@@ -1,0 +1,547 @@
+"""The UDP transfer machines, driven through a simulated link (no sockets, no clock).
+
+:class:`Sim` is a discrete-event simulation: a reliable control channel with a fixed delay,
+and a datagram path with seeded loss, duplication, reordering (random extra delay) and,
+optionally, a drop-tail bottleneck of a given rate, like a tbf qdisc.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from swarm.udp import protocol as p
+
+SECRET = b"fleet-secret-for-tests-0123456789"
+HASH_HEX = "ab" * 20
+CLIENT_IP = ("10.0.0.2", 40000)
+
+
+def artifact(size: int, piece_size: int, seed: int = 1) -> tuple[bytes, list[bytes]]:
+    data = random.Random(seed).randbytes(size)
+    return data, [data[i : i + piece_size] for i in range(0, size, piece_size)]
+
+
+@dataclass
+class Link:
+    loss: float = 0.0
+    dup: float = 0.0
+    reorder: float = 0.0
+    delay: float = 0.005
+    rate_bps: float | None = None
+    """Bottleneck rate; None for an unlimited link."""
+    queue_bytes: int = 256 * 1024
+    busy_until: float = 0.0
+    queued: list[tuple[float, int]] = field(default_factory=list)
+    drops: int = 0
+    delivered_bytes: int = 0
+
+
+class Sim:
+    """One server session and one client session joined by a :class:`Link`."""
+
+    def __init__(
+        self,
+        link: Link,
+        seed: int = 7,
+        size: int = 3 * 65536 + 1000,
+        piece_size: int = 65536,
+        block_size: int = 4096,
+        pieces: list[int] | None = None,
+        rate_bps: int = 200_000_000,
+        rate_cap_bps: int = 1_000_000_000,
+        server_has: Callable[[int], bool] = lambda i: True,
+        sink_ok: Callable[[int, bytes, int], bool] | None = None,
+        client_secret: bytes = SECRET,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.link = link
+        self.data, self.pieces = artifact(size, piece_size)
+        self.hashes = [hashlib.sha1(x).digest() for x in self.pieces]
+        self.piece_size, self.size = piece_size, size
+        self.server_has = server_has
+        self.sink_ok = sink_ok
+        self.now = 0.0
+        self.queue: list[tuple[float, int, str, object]] = []
+        self.seq = itertools.count()
+        self.server = p.ServerSession(
+            p.FleetKey(SECRET), bytes(range(32)), CLIENT_IP[0], rate_cap_bps
+        )
+        wanted = pieces if pieces is not None else list(range(len(self.pieces)))
+        self.client = p.ClientSession(
+            p.FleetKey(client_secret),
+            bytes(range(32, 64)),
+            HASH_HEX,
+            wanted,
+            rate_bps,
+            block_size,
+            piece_size,
+            len(self.pieces),
+        )
+        self.kept: dict[int, bytes] = {}
+        self.offers: dict[int, int] = {}
+        self.server_events: list[p.Event] = []
+        self.client_events: list[p.Event] = []
+        self.sent_wire_bytes = 0
+        self.server_timer: float | None = None
+        self.client_timer: float | None = None
+
+    def at(self, when: float, kind: str, payload: object = None) -> None:
+        heapq.heappush(self.queue, (when, next(self.seq), kind, payload))
+
+    def datagram(self, data: bytes) -> None:
+        link, rng = self.link, self.rng
+        self.sent_wire_bytes += len(data)
+        if rng.random() < link.loss:
+            return
+        copies = 2 if rng.random() < link.dup else 1
+        for _ in range(copies):
+            when = self.now + link.delay
+            if link.rate_bps is not None:
+                # Drop-tail queue in front of a link of rate_bps (a tbf without its burst).
+                link.queued = [(t, n) for t, n in link.queued if t > self.now]
+                if sum(n for _, n in link.queued) + len(data) > link.queue_bytes:
+                    link.drops += 1
+                    continue
+                start = max(self.now, link.busy_until)
+                link.busy_until = start + len(data) * 8 / link.rate_bps
+                link.queued.append((link.busy_until, len(data)))
+                when = link.busy_until + link.delay
+            if rng.random() < link.reorder:
+                when += rng.uniform(0, 3 * link.delay)
+            link.delivered_bytes += len(data)
+            self.at(when, "to_client", bytes(data))
+
+    def pump(self) -> None:
+        """Move control bytes and handle events until both machines are quiet."""
+        for _ in range(100):
+            busy = False
+            out = self.server.data_to_send()
+            if out:
+                self.at(self.now + self.link.delay, "ctl_to_client", out)
+            out = self.client.data_to_send()
+            if out:
+                self.at(self.now + self.link.delay, "ctl_to_server", out)
+            for event in self.server.events():
+                busy = True
+                self.server_events.append(event)
+                if isinstance(event, p.RequestReceived):
+                    assert event.info_hash_hex == HASH_HEX
+                    have = [i for i in event.pieces if self.server_has(i)]
+                    gone = [i for i in event.pieces if not self.server_has(i)]
+                    self.server.accept(
+                        self.piece_size, self.size, have, gone, event.rate_bps, event.block_size
+                    )
+                elif isinstance(event, p.NeedPieces):
+                    for index in event.pieces:
+                        self.server.piece_loaded(index, self.pieces[index])
+            for event in self.client.events():
+                busy = True
+                self.client_events.append(event)
+                if isinstance(event, p.PieceReceived):
+                    n = self.offers[event.index] = self.offers.get(event.index, 0) + 1
+                    ok = hashlib.sha1(event.data).digest() == self.hashes[event.index]
+                    if self.sink_ok is not None:
+                        ok = ok and self.sink_ok(event.index, event.data, n)
+                    if ok:
+                        self.kept[event.index] = event.data
+                    self.client.piece_checked(event.index, ok)
+            if not busy:
+                break
+        self.server_timer = self.server.next_timer(self.now)
+        self.client_timer = self.client.next_timer()
+
+    def run(self, until: float = 30.0) -> None:
+        self.pump()
+        while not self.client.done and self.now < until:
+            candidates = [t for t in (self.server_timer, self.client_timer) if t is not None]
+            if self.queue:
+                candidates.append(self.queue[0][0])
+            if not candidates:
+                break
+            self.now = max(self.now, min(candidates))
+            while self.queue and self.queue[0][0] <= self.now:
+                _, _, kind, payload = heapq.heappop(self.queue)
+                assert isinstance(payload, bytes)
+                if kind == "to_client":
+                    self.client.receive_datagram(payload)
+                elif kind == "to_server":
+                    self.server.receive_datagram(payload, CLIENT_IP)
+                elif kind == "ctl_to_client":
+                    self.client.receive_control(payload, self.now)
+                elif kind == "ctl_to_server":
+                    self.server.receive_control(payload, self.now)
+                self.pump()
+            if self.server_timer is not None and self.server_timer <= self.now:
+                for dgram in self.server.handle_timer(self.now):
+                    self.datagram(dgram)
+            if self.client_timer is not None and self.client_timer <= self.now:
+                for dgram in self.client.handle_timer(self.now):
+                    self.at(self.now + self.link.delay, "to_server", dgram)
+            self.pump()
+        # Deliver the last control bytes (DONE -> BYE).
+        end = self.now + 1.0
+        while self.queue and self.queue[0][0] <= end:
+            self.now, _, kind, payload = heapq.heappop(self.queue)
+            assert isinstance(payload, bytes)
+            if kind == "ctl_to_server":
+                self.server.receive_control(payload, self.now)
+            elif kind == "ctl_to_client":
+                self.client.receive_control(payload, self.now)
+            self.pump()
+
+    def assert_complete(self) -> None:
+        assert self.client.done
+        assert sorted(self.kept) == sorted(self.client.kept)
+        for index, data in self.kept.items():
+            assert data == self.pieces[index]
+
+
+# -- transfers ---------------------------------------------------------------------------------
+
+
+def test_clean_link_transfers_every_piece_once() -> None:
+    sim = Sim(Link())
+    sim.run()
+    sim.assert_complete()
+    assert sorted(sim.kept) == list(range(len(sim.pieces)))
+    assert sim.client.stats.duplicates == 0
+    assert sim.server.stats.retransmits == 0
+    assert sim.client.stats.forged == 0
+    assert any(isinstance(e, p.TransferDone) for e in sim.server_events)
+    assert sim.server.state is p.ServerState.DONE
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_loss_duplication_and_reordering_still_deliver_exact_bytes(seed: int) -> None:
+    sim = Sim(Link(loss=0.08, dup=0.05, reorder=0.1), seed=seed, block_size=2048)
+    sim.run()
+    sim.assert_complete()
+    assert sorted(sim.kept) == list(range(len(sim.pieces)))
+    assert sim.server.stats.retransmits > 0
+    assert sim.client.stats.naks > 0
+    assert sim.client.stats.duplicates > 0
+    assert sim.client.stats.forged == 0
+
+
+def test_heavy_loss_completes() -> None:
+    sim = Sim(Link(loss=0.3), seed=5, block_size=2048)
+    sim.run(until=60)
+    sim.assert_complete()
+    assert len(sim.kept) == len(sim.pieces)
+
+
+@pytest.mark.parametrize(
+    ("ask", "min_goodput", "max_wire"), [(100e6, 0.85, 1.3), (400e6, 0.85, 1.6)]
+)
+def test_rate_adapts_to_a_bottleneck_and_keeps_it_full(
+    ask: float, min_goodput: float, max_wire: float
+) -> None:
+    """Asked for 2x (8x) a 50 Mbit bottleneck with a 20 ms RTT: the sender finds about
+    the link rate; goodput, handshake, slow start and tail included (3 s in all), stays
+    near the link rate and the bytes sent (lost ones included) stay bounded."""
+    link = Link(rate_bps=50e6, queue_bytes=128 * 1024, delay=0.01)
+    size = 16 << 20
+    sim = Sim(link, size=size, piece_size=1 << 20, block_size=16384, rate_bps=int(ask))
+    sim.run(until=60)
+    sim.assert_complete()
+    goodput = size * 8 / sim.now
+    assert goodput >= min_goodput * 50e6, goodput
+    assert 35e6 <= sim.server.rate <= 80e6
+    assert sim.sent_wire_bytes < max_wire * size, sim.sent_wire_bytes / size
+    assert sim.client.stats.duplicates < 0.01 * sim.client.stats.datagrams
+
+
+def test_server_cap_holds_whatever_the_client_asks() -> None:
+    cap = 20_000_000
+    sim = Sim(Link(), size=2 << 20, piece_size=1 << 18, rate_bps=10_000_000_000, rate_cap_bps=cap)
+    sim.run(until=60)
+    sim.assert_complete()
+    accepted = next(e for e in sim.client_events if isinstance(e, p.Accepted))
+    assert accepted.rate_bps == cap
+    # Paced: the wire bytes never exceed cap * time + one burst.
+    assert sim.sent_wire_bytes * 8 <= cap * sim.now + 8 * 65536
+    assert sim.now >= (2 << 20) * 8 / cap * 0.95
+
+
+def test_cap_lowered_mid_transfer_applies() -> None:
+    sim = Sim(Link(), size=1 << 20, piece_size=1 << 18, rate_bps=100_000_000)
+    sim.pump()
+    sim.server.set_rate_cap(5_000_000)
+    sim.run(until=60)
+    sim.assert_complete()
+    assert sim.server.rate <= 5_000_000
+
+
+def test_unavailable_pieces_are_reported_not_sent() -> None:
+    sim = Sim(Link(), server_has=lambda i: i != 1)
+    sim.run()
+    sim.assert_complete()
+    assert sim.client.unavailable == (1,)
+    assert sorted(sim.kept) == [0, 2, 3]
+
+
+def test_subset_request_in_any_order() -> None:
+    sim = Sim(Link(loss=0.05), pieces=[3, 0])
+    sim.run()
+    sim.assert_complete()
+    assert sorted(sim.kept) == [0, 3]
+
+
+def test_hash_failure_rerequests_then_gives_up() -> None:
+    # Piece 0 fails once then passes; piece 2 fails every time.
+    def sink_ok(index: int, data: bytes, attempt: int) -> bool:
+        return not (index == 0 and attempt == 1) and index != 2
+
+    sim = Sim(Link(), sink_ok=sink_ok)
+    sim.run()
+    sim.assert_complete()
+    assert sim.offers[0] == 2
+    assert sim.offers[2] == p.MAX_PIECE_ATTEMPTS
+    assert sim.client.failed == [2]
+    assert 0 in sim.kept and 2 not in sim.kept
+    assert sim.client.stats.hash_failures == p.MAX_PIECE_ATTEMPTS + 1
+
+
+def test_refused_request() -> None:
+    server, client = handshake()
+    server.receive_control(client.data_to_send(), 0.0)  # AUTH + REQUEST
+    request = [e for e in server.events() if isinstance(e, p.RequestReceived)]
+    assert request == [p.RequestReceived(HASH_HEX, (0, 1), 10**8, 1024)]
+    server.refuse(p.RefuseCode.UNKNOWN_ARTIFACT, "no such artifact")
+    client.receive_control(server.data_to_send(), 0.0)
+    refused = [e for e in client.events() if isinstance(e, p.Refused)]
+    assert refused == [p.Refused(p.RefuseCode.UNKNOWN_ARTIFACT, "no such artifact")]
+    assert client.done and client.unavailable == (0, 1)
+
+
+# -- security ----------------------------------------------------------------------------------
+
+
+def handshake(
+    client_secret: bytes = SECRET, server_secret: bytes = SECRET
+) -> tuple[p.ServerSession, p.ClientSession]:
+    server = p.ServerSession(p.FleetKey(server_secret), b"s" * 32, CLIENT_IP[0], 10**9)
+    client = p.ClientSession(
+        p.FleetKey(client_secret), b"c" * 32, HASH_HEX, [0, 1], 10**8, 1024, 4096, 2
+    )
+    server.receive_control(client.data_to_send(), 0.0)
+    client.receive_control(server.data_to_send(), 0.0)
+    return server, client
+
+
+def accepted_pair() -> tuple[p.ServerSession, p.ClientSession]:
+    server, client = handshake()
+    server.receive_control(client.data_to_send(), 0.0)
+    server.events()
+    server.accept(4096, 8000, [0, 1], [], 10**8, 1024)
+    client.receive_control(server.data_to_send(), 0.0)
+    return server, client
+
+
+def test_client_refuses_a_server_with_another_secret() -> None:
+    with pytest.raises(p.AuthenticationError, match="server failed to prove"):
+        handshake(server_secret=b"another-fleet-secret-0123456789")
+
+
+def test_server_refuses_a_wrong_proof_and_the_client_learns_why() -> None:
+    server = p.ServerSession(p.FleetKey(SECRET), b"s" * 32, CLIENT_IP[0], 10**9)
+    hello = p.frame(p.Msg.HELLO, p.VERSION_MAGIC + b"c" * 32)
+    server.receive_control(hello, 0.0)
+    server.data_to_send()
+    with pytest.raises(p.AuthenticationError, match="wrong fleet secret"):
+        server.receive_control(p.frame(p.Msg.AUTH, b"x" * 32), 0.0)
+    assert server.session_id == b""
+    assert server.handle_timer(1.0) == []
+
+    # The real client, against a server that rejects it, raises an authentication error.
+    server, client = handshake()
+    server.receive_control(client.data_to_send(), 0.0)
+    client2 = p.ClientSession(p.FleetKey(SECRET), b"d" * 32, HASH_HEX, [0], 10**8, 1024, 4096, 2)
+    client2.data_to_send()
+    client2.state = p.ClientState.AWAIT_ACCEPT
+    client2._side._recv_ctl = p._Sealer(b"k" * 32)
+    with pytest.raises(p.AuthenticationError, match="refused our fleet secret"):
+        client2.receive_control(p.frame(p.Msg.ERROR, b"authentication failed"), 0.0)
+
+
+def test_proofs_are_not_reflectable() -> None:
+    key = p.FleetKey(SECRET)
+    assert key.proof(b"server", b"t") != key.proof(b"client", b"t")
+
+
+def test_secret_is_required_and_long_enough() -> None:
+    for bad in (b"", b"short"):
+        with pytest.raises(p.LocalProtocolError, match="SWARM_SECRET"):
+            p.FleetKey(bad)
+
+
+def test_sessions_get_distinct_keys() -> None:
+    key = p.FleetKey(SECRET)
+    a = key.session_keys(b"c" * 32, b"s" * 32)
+    b = key.session_keys(b"c" * 32, b"t" * 32)
+    assert a.data_s2c != b.data_s2c and a.session_id != b.session_id
+    assert len({a.control_c2s, a.control_s2c, a.data_s2c, a.data_c2s}) == 4
+
+
+def test_hkdf_matches_rfc5869_case_1() -> None:
+    ikm = bytes.fromhex("0b" * 22)
+    salt = bytes.fromhex("000102030405060708090a0b0c")
+    info = bytes.fromhex("f0f1f2f3f4f5f6f7f8f9")
+    okm = p.hkdf_expand(p.hkdf_extract(salt, ikm), info, 42)
+    assert okm.hex() == (
+        "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"
+    )
+
+
+def test_preauth_frames_are_small() -> None:
+    server = p.ServerSession(p.FleetKey(SECRET), b"s" * 32, CLIENT_IP[0], 10**9)
+    with pytest.raises(p.RemoteProtocolError, match="limit"):
+        server.receive_control(struct.pack("!IB", 10_000, p.Msg.HELLO), 0.0)
+
+
+def test_tampered_control_frame_is_rejected() -> None:
+    server, client = handshake()
+    out = bytearray(client.data_to_send())
+    out[-1] ^= 1  # last byte of REQUEST's tag
+    with pytest.raises(p.RemoteProtocolError, match="failed authentication"):
+        server.receive_control(bytes(out), 0.0)
+
+
+def test_replayed_control_frame_is_rejected() -> None:
+    server, client = accepted_pair()
+    client.state = p.ClientState.RECEIVING
+    client._report(1.0)
+    report = client.data_to_send()
+    server.receive_control(report, 1.0)
+    with pytest.raises(p.RemoteProtocolError):
+        server.receive_control(report, 1.1)
+
+
+def test_no_datagram_before_the_path_is_validated() -> None:
+    server, _ = accepted_pair()
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, bytes(4096 if index == 0 else 8000 - 4096))
+    assert server.state is p.ServerState.AWAIT_PATH
+    assert server.handle_timer(10.0) == [] and server.data_addr is None
+
+
+def test_forged_probes_are_dropped_and_counted() -> None:
+    server, client = accepted_pair()
+    probe = client.handle_timer(0.0)[0]
+    forged = bytearray(probe)
+    forged[-1] ^= 1
+    assert not server.receive_datagram(bytes(forged), CLIENT_IP)
+    assert not server.receive_datagram(b"\x50" * 5, CLIENT_IP)
+    # A genuine probe replayed from another IP: authentic, but never a data address.
+    assert not server.receive_datagram(probe, ("10.9.9.9", 1234))
+    assert server.stats.forged == 3
+    assert server.data_addr is None and server.state is p.ServerState.AWAIT_PATH
+    # The genuine probe from the control connection's IP validates the path.
+    probe2 = client.handle_timer(1.0)[0]
+    assert server.receive_datagram(probe2, CLIENT_IP)
+    assert server.data_addr == CLIENT_IP
+    assert any(isinstance(e, p.PathValidated) for e in server.events())
+
+
+def test_forged_data_datagrams_are_dropped_and_counted() -> None:
+    server, client = accepted_pair()
+    piece0 = random.Random(3).randbytes(4096)
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, piece0 if index == 0 else bytes(8000 - 4096))
+    server.receive_datagram(client.handle_timer(0.0)[0], CLIENT_IP)
+    client.receive_control(server.data_to_send(), 0.0)  # PATH_OK
+    assert client.state is p.ClientState.RECEIVING
+    dgrams: list[bytearray] = []
+    for step in range(100):
+        dgrams += server.handle_timer(step * 0.01)
+    assert len(dgrams) == 8
+    good = bytes(dgrams[0])
+    for forged in (
+        good[:-1] + bytes([good[-1] ^ 1]),  # tag
+        good[:30] + bytes([good[30] ^ 1]) + good[31:],  # payload
+        good[:20] + b"\x05" + good[21:],  # ordinal (authenticated header)
+        b"\x44" * 100,  # garbage
+        good[:2] + b"x" * 8 + good[10:],  # another session
+    ):
+        client.receive_datagram(forged)
+    assert client.stats.forged == 5
+    assert client.stats.datagrams == 0
+    client.receive_datagram(good)
+    client.receive_datagram(good)
+    assert client.stats.datagrams == 2 and client.stats.duplicates == 1
+    for dgram in dgrams[1:4]:
+        client.receive_datagram(bytes(dgram))
+    received = [e for e in client.events() if isinstance(e, p.PieceReceived)]
+    assert received == [p.PieceReceived(0, piece0)]
+
+
+def test_nak_out_of_range_is_a_remote_error() -> None:
+    server, client = accepted_pair()
+    client.state = p.ClientState.RECEIVING
+    client._outstanding[999] = 0.0
+    client._report(1.0)
+    with pytest.raises(p.RemoteProtocolError, match="NAK for block 999"):
+        server.receive_control(client.data_to_send(), 1.0)
+
+
+def test_request_validation_is_local() -> None:
+    key = p.FleetKey(SECRET)
+    with pytest.raises(p.LocalProtocolError, match="info_hash"):
+        p.ClientSession(key, b"c" * 32, "nothex", [0], 10**8)
+    with pytest.raises(p.LocalProtocolError, match="block_size"):
+        p.ClientSession(key, b"c" * 32, HASH_HEX, [0], 10**8, block_size=100)
+    with pytest.raises(p.LocalProtocolError, match="distinct"):
+        p.ClientSession(key, b"c" * 32, HASH_HEX, [0, 0], 10**8)
+    server, _ = handshake()
+    with pytest.raises(p.LocalProtocolError, match="accept"):
+        server.accept(4096, 8000, [0], [], 10**8, 1024)
+
+
+# -- the rate rule -----------------------------------------------------------------------------
+
+
+def test_adapt_rate_rule() -> None:
+    target = 500e6
+    # Too few datagrams: no change (but never above target).
+    assert p.adapt_rate(100e6, target, 3, 0) == (100e6, False)
+    assert p.adapt_rate(600e6, target, 3, 0) == (target, False)
+    # Clean: multiplicative increase, capped at the target.
+    assert p.adapt_rate(100e6, target, 100, 100) == (pytest.approx(104e6), False)
+    assert p.adapt_rate(490e6, target, 100, 100) == (target, False)
+    # High loss: cut to the delivered rate, never below a quarter.
+    assert p.adapt_rate(100e6, target, 100, 80) == (pytest.approx(80e6), True)
+    assert p.adapt_rate(100e6, target, 100, 10) == (pytest.approx(25e6), True)
+    # A pooled sample spanning 3 intervals increases by 4% per interval.
+    assert p.adapt_rate(100e6, target, 9, 9, 3) == (pytest.approx(100e6 * 1.04**3), False)
+    # In between: hold.
+    assert p.adapt_rate(100e6, target, 1000, 990) == (100e6, False)
+    # Floor.
+    assert p.adapt_rate(1.2e6, target, 100, 0) == (p.MIN_RATE_BPS, True)
+    # More received than expected (duplicates, reordering): treated as no loss.
+    assert p.adapt_rate(100e6, target, 10, 12)[1] is False
+
+
+def test_block_plan_numbers_blocks_in_request_order() -> None:
+    plan = p.BlockPlan([2, 0], piece_size=10, total_size=25, block_size=4)
+    # Piece 2 is the 5-byte tail: 2 blocks; piece 0 has 3.
+    assert plan.total == 5
+    assert [plan.locate(o) for o in range(5)] == [
+        (0, 0, 4),
+        (0, 4, 1),
+        (1, 0, 4),
+        (1, 4, 4),
+        (1, 8, 2),
+    ]
+    assert plan.ordinals(1) == range(2, 5)
