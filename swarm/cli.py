@@ -201,10 +201,9 @@ def fetch(
     settings = config.load(catalog=catalog, endpoint_url=endpoint_url, coordinator=coordinator)
     use_json = as_json or not sys.stderr.isatty()
     for src in sources:
-        if src not in ("s3", "peers"):
+        if src not in ("s3", "peers") and not re.fullmatch(r"udp://[^:/\s]+:\d{1,5}", src):
             raise click.BadParameter(
-                f"{src!r}: use s3 or peers (udp:// is not available in this version)",
-                param_hint="--source",
+                f"{src!r}: use s3, peers or udp://HOST:PORT", param_hint="--source"
             )
     if no_daemon:
         if sources and set(sources) != {"s3"}:
@@ -330,8 +329,17 @@ def _fetch_with_daemon(
     metavar="GROUP",
     help="Also dial the running instances of this Auto Scaling group as peers.",
 )
+@click.option(
+    "--udp-port",
+    type=click.IntRange(0, 65535),
+    default=7881,
+    show_default=True,
+    help="Serve held pieces over UDP here (needs SWARM_SECRET; 0 = off).",
+)
 @reports_errors
-def daemon(listen: str, port: int, coordinator: str | None, peers_from_asg: str | None) -> None:
+def daemon(
+    listen: str, port: int, coordinator: str | None, peers_from_asg: str | None, udp_port: int
+) -> None:
     """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
     import asyncio
 
@@ -340,7 +348,7 @@ def daemon(listen: str, port: int, coordinator: str | None, peers_from_asg: str 
 
     settings = config.load(coordinator=coordinator)
     install_redactor(settings.secret)
-    asyncio.run(serve(settings, listen, port, peers_from_asg=peers_from_asg))
+    asyncio.run(serve(settings, listen, port, peers_from_asg=peers_from_asg, udp_port=udp_port))
 
 
 @cli.command()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import libtorrent as lt
 from aiohttp import ClientSession, ClientTimeout, web
 from aiohttp.typedefs import Handler
 
@@ -52,6 +53,8 @@ from swarm.policy import Mode
 from swarm.sources import Cancelled
 from swarm.sources.peers import DEFAULT_PORT, TorrentSession
 from swarm.sources.s3 import S3Source, S3SourceConfig
+from swarm.udp import DEFAULT_PORT as UDP_PORT
+from swarm.udp import MIN_SECRET_LEN, UdpServer, fetch_pieces_sync
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ class Artifact:
     restored: bool = False
     """Held before this daemon started (restored from resume data), not fetched by it."""
     s3_error: str | None = None
+    udp_error: str | None = None
     origin_thread: threading.Thread | None = None
     plan: dict[str, Any] | None = None
     """The coordinator's latest origin plan for us: ``{"stripe", "mode", "s3_estimate"}``."""
@@ -117,6 +121,7 @@ class Daemon:
         self.extra_peers: list[tuple[str, int]] = []
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.token = fleet_token(settings.secret) if settings.secret else None
+        self.udp_secret = udp_secret(settings.secret)
         """With a fleet secret: required on the local API, sent to the coordinator, and
         peers are admitted only if the coordinator lists them as members."""
         coordinator = settings.coordinator
@@ -167,14 +172,31 @@ class Daemon:
         if not isinstance(source, str) or not source:
             raise UsageError("swarm: the fetch request names no source")
         sources = tuple(request.get("sources") or SOURCES)
-        unknown = [s for s in sources if s not in SOURCES]
+        unknown = [s for s in sources if s not in SOURCES and not s.startswith("udp://")]
         if unknown:
-            raise UsageError(f"swarm: unknown source(s) {unknown}: use s3 or peers")
+            raise UsageError(f"swarm: unknown source(s) {unknown}: use s3, peers, udp://HOST:PORT")
+        udp = [parse_udp_source(s) for s in sources if s.startswith("udp://")]
+        if udp and not self.udp_secret:
+            raise UsageError(
+                "swarm: UDP needs the fleet secret: set SWARM_SECRET (16+ bytes, the same on "
+                "every node); with no secret UDP is off"
+            )
         endpoint = request.get("endpoint_url") or self.settings.endpoint_url
         client = make_client(endpoint)
         url = catalog.resolve(client, source, request.get("catalog") or self.settings.catalog)
         manifest = catalog.load_manifest(client, url, self.settings.secret)
         artifact = self._add(manifest, sources)
+        if "peers" not in sources:
+            # Forced sources only (--source s3 / udp://): libtorrent uploads, never downloads.
+            artifact.sink.handle.set_flags(lt.torrent_flags.upload_mode)
+        for host, port in udp:
+            if not artifact.sink.complete():
+                threading.Thread(
+                    target=self._read_udp,
+                    args=(artifact, host, port),
+                    daemon=True,
+                    name=f"udp-{manifest.name}",
+                ).start()
         if "s3" in sources and not artifact.sink.complete() and not artifact.origin_thread:
             artifact.origin_thread = threading.Thread(
                 target=self._origin_worker,
@@ -264,6 +286,39 @@ class Daemon:
                 if artifact.cancel.wait(ORIGIN_RETRY):
                     return
 
+    def _read_udp(self, artifact: Artifact, host: str, port: int) -> None:
+        """Pull the missing pieces from a peer's UDP server; libtorrent checks each one."""
+        manifest, sink = artifact.manifest, artifact.sink
+        assert self.udp_secret is not None
+        state = self.session.torrents[manifest.info_hash]
+        while not sink.complete() and not artifact.cancel.is_set():
+            missing = [i for i in sink.missing() if not sink.have(i)]
+            if not missing:
+                state.finished.wait(0.5)  # all held: libtorrent is flushing
+                continue
+            try:
+                stats = fetch_pieces_sync(
+                    host,
+                    port,
+                    self.udp_secret,
+                    manifest.info_hash,
+                    missing,
+                    lambda index, data: sink.offer(index, data, "udp"),
+                    piece_size=manifest.piece_size,
+                    piece_count=manifest.layout.count,
+                    cancel=artifact.cancel,
+                )
+                if stats.unavailable and not stats.kept:
+                    artifact.udp_error = f"udp://{host}:{port} holds none of the missing pieces"
+                    artifact.cancel.wait(ORIGIN_RETRY)
+            except SwarmError as error:
+                artifact.udp_error = str(error)
+                log.warning(
+                    "udp://%s:%d failed, retrying in %.0fs: %s", host, port, ORIGIN_RETRY, error
+                )
+                if artifact.cancel.wait(ORIGIN_RETRY):
+                    return
+
     # -- status ---------------------------------------------------------------------------
 
     def describe(self, artifact: Artifact) -> dict[str, Any]:
@@ -287,7 +342,7 @@ class Daemon:
             "bytes_by_source": {
                 "peers": status.total_payload_download if status is not None else 0,
                 "s3": s3,
-                "udp": 0,
+                "udp": artifact.sink.bytes_by_source.get("udp", 0),
             },
             "down_rate": status.download_payload_rate if status is not None else 0,
             "up_rate": status.upload_payload_rate if status is not None else 0,
@@ -296,6 +351,7 @@ class Daemon:
             "seconds": artifact.seconds,
             "error": (state.error if state else None),
             "s3_error": artifact.s3_error,
+            "udp_error": artifact.udp_error,
             "hash_failures": artifact.sink.hash_failures,
             "peer_hash_failures": state.peer_hash_failures if state else 0,
             "peers_banned": state.peers_banned if state else 0,
@@ -347,6 +403,62 @@ class Daemon:
         for artifact in self.artifacts.values():
             artifact.cancel.set()
         self.session.close()
+
+
+def parse_udp_source(source: str) -> tuple[str, int]:
+    """``udp://HOST:PORT`` -> (host, port)."""
+    host, sep, port = source.removeprefix("udp://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"swarm: bad UDP source {source!r}: use udp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def udp_secret(secret: str | None) -> bytes | None:
+    """The fleet secret as UDP's key material; None (UDP off) without one or if too short."""
+    if not secret:
+        return None
+    if len(secret.encode()) < MIN_SECRET_LEN:
+        log.warning("SWARM_SECRET is shorter than %d bytes: UDP stays off", MIN_SECRET_LEN)
+        return None
+    return secret.encode()
+
+
+@dataclass(frozen=True)
+class HeldPieces:
+    """An artifact this daemon holds, as the UDP server sees it (held pieces only)."""
+
+    artifact: Artifact
+
+    @property
+    def piece_size(self) -> int:
+        return self.artifact.manifest.piece_size
+
+    @property
+    def piece_count(self) -> int:
+        return self.artifact.manifest.layout.count
+
+    @property
+    def total_size(self) -> int:
+        return self.artifact.manifest.size
+
+    def has(self, index: int) -> bool:
+        return bool(self.artifact.sink.handle.have_piece(index))
+
+    def read(self, index: int) -> bytes:
+        layout = self.artifact.manifest.layout
+        with self.artifact.path.open("rb") as data:
+            return os.pread(data.fileno(), layout.length(index), layout.offset(index))
+
+
+class HeldArtifacts:
+    """The daemon's :class:`swarm.udp.PieceProvider`."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    def lookup(self, info_hash_hex: str) -> HeldPieces | None:
+        artifact = self.daemon.artifacts.get(info_hash_hex.lower())
+        return HeldPieces(artifact) if artifact else None
 
 
 # -- the local API and the process ------------------------------------------------------------
@@ -459,6 +571,7 @@ async def serve(
     port: int,
     on_ready: Callable[[Daemon], Awaitable[None]] | None = None,
     peers_from_asg: str | None = None,
+    udp_port: int = UDP_PORT,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders)."""
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -487,6 +600,13 @@ async def serve(
     wake = asyncio.Event()
     daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
     reporter = asyncio.create_task(report_loop(daemon, wake)) if settings.coordinator else None
+    udp_server = None
+    if daemon.udp_secret and udp_port:
+        udp_server = UdpServer(
+            daemon.udp_secret, HeldArtifacts(daemon), host=listen_ip, port=udp_port
+        )
+        await udp_server.start()
+        log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
     starter = asyncio.create_task(on_ready(daemon)) if on_ready else None
     asg = asyncio.create_task(asg_loop(daemon, peers_from_asg, port)) if peers_from_asg else None
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
@@ -496,6 +616,8 @@ async def serve(
         for task in (reporter, starter, asg):
             if task:
                 task.cancel()
+        if udp_server:
+            await udp_server.close()
         await runner.cleanup()
         await loop.run_in_executor(None, daemon.close)
         marker.write_text(str(os.getpid()))

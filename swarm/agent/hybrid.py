@@ -51,6 +51,8 @@ class TorrentSink:
     def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
         """Hand the piece to libtorrent, which checks its SHA-1 before keeping it (one hash
         per byte: checking here too would double the hashing of every S3 byte)."""
+        if self.have(index):
+            return True  # a duplicate (another source was faster): accepted, not counted
         if len(data) != self.manifest.layout.length(index) or not self.session.add_piece(
             self.info_hash, index, bytes(data)
         ):

@@ -147,3 +147,26 @@ def _torrent_file(fleet: Swarm, tmp_path: Path) -> Path:
     path = tmp_path / "stranger.torrent"
     path.write_bytes(fastbencode.bencode(meta))
     return path
+
+
+def test_fetch_over_udp_from_a_member(fleet, artifact, tmp_path):
+    """`--source udp://HOST:PORT` forces the UDP source: every byte comes over UDP from the
+    seeder's daemon, checked by libtorrent like any other piece."""
+    seeder = fleet.node(0)
+    done_event(seeder.fetch("index.db", tmp_path / "seeder.db"), FETCH_TIMEOUT)
+    node = fleet.node(1)
+    done = done_event(
+        node.fetch("index.db", tmp_path / "udp.db", "--source", f"udp://{seeder.ip}:7881"),
+        FETCH_TIMEOUT,
+    )
+    assert done["bytes_by_source"] == {"peers": 0, "s3": 0, "udp": SIZE}
+    assert sha256(tmp_path / "udp.db") == sha256(artifact)
+
+
+def test_udp_needs_the_secret(env, tmp_path, artifact):
+    with Swarm(tmp_path / "open", env) as fleet:
+        (tmp_path / "open").mkdir()
+        node = fleet.node(0)
+        process = node.fetch("index.db", tmp_path / "x.db", "--source", "udp://127.0.0.1:7881")
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and "SWARM_SECRET" in err
