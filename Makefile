@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench lint fmt clean
+.PHONY: venv test demo bench bench-fleet bench-udp fuzz lint fmt clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,16 @@ demo: venv
 
 bench: venv
 	$(BIN)/python bench/s3get.py
+
+bench-fleet: venv
+	for s in origin-bound swarm-bound slow-uploads existing-seeders; do \
+		$(BIN)/python bench/fleet.py --scenario $$s || exit 1; done
+
+bench-udp: venv
+	$(BIN)/python bench/udp.py
+
+fuzz: venv
+	SWARM_FUZZ=long $(BIN)/pytest -q tests/fuzz
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

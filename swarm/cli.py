@@ -336,9 +336,20 @@ def _fetch_with_daemon(
     show_default=True,
     help="Serve held pieces over UDP here (needs SWARM_SECRET; 0 = off).",
 )
+@click.option(
+    "--upload-limit",
+    default="0",
+    callback=lambda _c, _p, v: parse_size(v),
+    help="Cap BitTorrent uploads, bytes/s (e.g. 50M); applies to LAN peers too. 0 = none.",
+)
 @reports_errors
 def daemon(
-    listen: str, port: int, coordinator: str | None, peers_from_asg: str | None, udp_port: int
+    listen: str,
+    port: int,
+    coordinator: str | None,
+    peers_from_asg: str | None,
+    udp_port: int,
+    upload_limit: int,
 ) -> None:
     """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
     import asyncio
@@ -348,7 +359,16 @@ def daemon(
 
     settings = config.load(coordinator=coordinator)
     install_redactor(settings.secret)
-    asyncio.run(serve(settings, listen, port, peers_from_asg=peers_from_asg, udp_port=udp_port))
+    asyncio.run(
+        serve(
+            settings,
+            listen,
+            port,
+            peers_from_asg=peers_from_asg,
+            udp_port=udp_port,
+            upload_limit=upload_limit,
+        )
+    )
 
 
 @cli.command()

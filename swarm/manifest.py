@@ -31,15 +31,33 @@ MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".swarm"
 TORRENT_SUFFIX = ".torrent"
 HASH_CHUNK = 1 << 20
-SAFE_NAME = re.compile(r"^[A-Za-z0-9._+-][A-Za-z0-9._+@=-]{0,254}$")
+NAME_MAX = 255
+"""Longest file name most Linux file systems take (ext4, xfs: 255 bytes)."""
+
+LONGEST_SIBLING = ".{}.swarm-part.state.tmp"
+"""The longest file name a fetch derives from an artifact name (``swarm.agent.store``'s
+partial file, its state file and that file's temporary copy)."""
+
+MAX_NAME_LEN = NAME_MAX - len(LONGEST_SIBLING.format(""))
+"""Longest artifact name (233): every file derived from it still fits in ``NAME_MAX``."""
+
+SAFE_NAME = re.compile(rf"[A-Za-z0-9_+][A-Za-z0-9._+@=-]{{0,{MAX_NAME_LEN - 1}}}")
+"""One path component of printable ASCII, matched with ``fullmatch`` (``$`` would accept a
+trailing newline). No leading ``-`` (it reads as an option to any tool handed the name)
+and no leading ``.`` (hidden files, ``.`` and ``..``, and our own ``.NAME.swarm-part``)."""
 
 
 def check_name(name: str) -> str:
-    """An artifact name is one path component: no separators, no traversal, no hidden dot-dot."""
-    if not SAFE_NAME.match(name) or name in {".", ".."}:
+    """An artifact name is one path component: no separators, no traversal, no hidden dot-dot.
+
+    Raises:
+        ManifestError: ``name`` could escape a directory, hide, or read as an option.
+    """
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
         raise ManifestError(
-            f"swarm: unsafe artifact name {name!r}: use letters, digits and . _ + - @ = "
-            "(one path component, no '/', no '..')"
+            f"swarm: unsafe artifact name {name!r}: use 1..{MAX_NAME_LEN} letters, digits and "
+            ". _ + - @ =, starting with a letter, digit, _ or + (one path component, no '/', "
+            "no '..')"
         )
     return name
 
@@ -163,7 +181,8 @@ class Manifest:
             signature = body.get("signature")
         except ManifestError:
             raise
-        except (ValueError, KeyError, TypeError) as error:
+        # RecursionError: json.loads of deeply nested arrays (found by tests/fuzz).
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
             raise ManifestError(
                 f"swarm: {origin} is not a valid swarm manifest ({error}): republish it with "
                 "`swarm publish`"
@@ -171,6 +190,8 @@ class Manifest:
         manifest._check(origin, body.get("info_hash"))
         if secret and (
             not isinstance(signature, str)
+            # compare_digest raises TypeError on non-ASCII str (found by tests/fuzz).
+            or not signature.isascii()
             or not hmac.compare_digest(signature, _sign(manifest._body(), secret))
         ):
             raise ManifestError(
@@ -194,13 +215,33 @@ class Manifest:
         try:
             validate_piece_size(self.piece_size)
             meta = fastbencode.bdecode(self.torrent)
+            if not isinstance(meta, dict) or not isinstance(meta.get(b"info"), dict):
+                raise TypeError("no info dictionary")
             info = meta[b"info"]
-            length, plen, pieces = info[b"length"], info[b"piece length"], info[b"pieces"]
-            tname = info[b"name"].decode()
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+            # Typed, so a list or an int where bytes belong is refused, not an AttributeError.
+            length = _typed(info[b"length"], int)
+            plen = _typed(info[b"piece length"], int)
+            pieces = _typed(info[b"pieces"], bytes)
+            raw_name = _typed(info[b"name"], bytes)
+            tname = raw_name.decode()
+        except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
             raise bad(f"metainfo: {error}") from error
-        if b"files" in info:
+        # What a BitTorrent client writes is decided by the info dict, not by our manifest
+        # fields, so everything in it that names a path or a file type must be refused here.
+        if b"files" in info or b"file tree" in info:
+            # BEP 3 multi-file, BEP 52 (v2/hybrid) file tree: paths we would not check.
             raise bad("multi-file torrents are not artifacts")
+        if b"name.utf-8" in info and info[b"name.utf-8"] != raw_name:
+            # libtorrent prefers name.utf-8 over name when saving, so it must not differ.
+            raise bad("metainfo name.utf-8 differs from name")
+        attr = info.get(b"attr", b"")
+        if not isinstance(attr, bytes):
+            raise bad("metainfo attr is not a string")
+        if b"l" in attr or b"symlink path" in info:
+            # BEP 47: a symlink would let the torrent write or expose files outside its dir.
+            raise bad("the metainfo describes a symlink (BEP 47 attr 'l' or 'symlink path')")
+        if b"p" in attr:
+            raise bad("the metainfo describes a padding file (BEP 47 attr 'p')")
         if (length, plen, tname) != (self.size, self.piece_size, self.name):
             raise bad("metainfo length, piece length or name differ from the manifest")
         if len(pieces) != 20 * self.layout.count:

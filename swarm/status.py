@@ -69,6 +69,25 @@ def summarize(fleet: dict[str, Any]) -> dict[str, Any]:
                 "p99_seconds": history.get("p99_seconds"),
             }
         )
+    live = {a["info_hash"] for a in artifacts}
+    for info_hash, history in (fleet.get("history") or {}).items():
+        if info_hash in live:
+            continue
+        # Known only from history (e.g. just after a coordinator restart): completions.
+        artifacts.append(
+            {
+                "name": history.get("name") or info_hash[:12],
+                "info_hash": info_hash,
+                "size": None,
+                "nodes_complete": 0,
+                "nodes_in_progress": 0,
+                "bytes_by_source": history.get("bytes_by_source") or {},
+                "s3_bytes_saved": None,
+                "completed_total": history.get("completed", 0),
+                "median_seconds": history.get("median_seconds"),
+                "p99_seconds": history.get("p99_seconds"),
+            }
+        )
     nodes = []
     for node in fleet.get("nodes", []):
         for item in node.get("artifacts", []):

@@ -107,14 +107,20 @@ class Artifact:
 class Daemon:
     """Everything one node holds and seeds, behind one libtorrent session."""
 
-    def __init__(self, settings: Settings, listen_ip: str = "0.0.0.0", port: int = DEFAULT_PORT):
+    def __init__(
+        self,
+        settings: Settings,
+        listen_ip: str = "0.0.0.0",
+        port: int = DEFAULT_PORT,
+        upload_limit: int = 0,
+    ):
         self.settings = settings
         self.home = settings.home
         self.listen_ip = listen_ip
         for sub in ("artifacts", "resume", "data"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         self.node_id = node_id(self.home)
-        self.session = TorrentSession(listen_ip, port, self.home / "resume")
+        self.session = TorrentSession(listen_ip, port, self.home / "resume", upload_limit)
         self.artifacts: dict[str, Artifact] = {}
         self._lock = threading.Lock()
         self.wake_reporter: Callable[[], object] = lambda: None
@@ -324,7 +330,9 @@ class Daemon:
     def describe(self, artifact: Artifact) -> dict[str, Any]:
         manifest = artifact.manifest
         state = self.session.torrents.get(manifest.info_hash)
-        status = state.status if state else None
+        # A fresh status per API call (a request, not a polling loop): counters are exact
+        # when someone asks, instead of up to STATUS_INTERVAL old.
+        status = state.handle.status() if state else None
         complete = artifact.sink.complete()
         if complete and artifact.seconds is None:
             artifact.seconds = round(time.monotonic() - artifact.started, 3)
@@ -572,11 +580,12 @@ async def serve(
     on_ready: Callable[[Daemon], Awaitable[None]] | None = None,
     peers_from_asg: str | None = None,
     udp_port: int = UDP_PORT,
+    upload_limit: int = 0,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders)."""
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
-    daemon = Daemon(settings, listen_ip, port)
+    daemon = Daemon(settings, listen_ip, port, upload_limit)
     # The marker exists only between a clean close and the next start: its absence means
     # the last daemon died (kill -9, power loss) and its resume data may lie.
     marker = settings.home / "clean-shutdown"

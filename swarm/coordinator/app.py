@@ -297,7 +297,7 @@ async def _report(request: web.Request) -> web.Response:
     try:
         payload = json.loads(await request.read())
         report = parse_report(payload)
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, ReportError
+    except (ValueError, RecursionError) as error:  # bad JSON (or nested too deep), ReportError
         metrics.report_failures.inc()
         reason = str(error) if isinstance(error, ReportError) else f"body is not JSON: {error}"
         return web.json_response({"ok": False, "error": reason}, status=400)

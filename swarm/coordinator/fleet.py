@@ -562,12 +562,16 @@ def _nonneg_int(body: Mapping[str, object], key: str, where: str) -> int:
 
 
 def _nonneg_float(value: object, name: str) -> float:
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    try:
+        valid = (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0
+        )
+    except OverflowError:  # a JSON integer beyond float range, like 10**400 (tests/fuzz)
+        valid = False
+    if not valid:
         raise ReportError(f"{name} must be a non-negative number, got {value!r}")
     return float(value)
 

@@ -81,16 +81,18 @@ class History:
         return cursor.rowcount == 1
 
     def counts(self) -> dict[str, dict[str, object]]:
-        """Per artifact (hex info_hash): ``completed`` (nodes); ``mean_seconds``,
+        """Per artifact (hex info_hash): ``name``; ``completed`` (nodes); ``mean_seconds``,
         ``median_seconds``, ``p99_seconds`` and ``max_seconds`` over the completions whose
         duration is known (``None`` if none); ``last_completed_at`` (epoch seconds);
         ``bytes_by_source`` summed over the completions."""
         rows = self._db.execute(
-            "SELECT info_hash, seconds, completed_at, bytes_by_source FROM completions"
+            "SELECT info_hash, name, seconds, completed_at, bytes_by_source FROM completions"
         )
         grouped: dict[str, list[tuple[float | None, float, str]]] = {}
-        for info_hash, seconds, completed_at, sources in rows:
+        names: dict[str, str] = {}
+        for info_hash, name, seconds, completed_at, sources in rows:
             grouped.setdefault(info_hash, []).append((seconds, completed_at, sources))
+            names[info_hash] = name
         result: dict[str, dict[str, object]] = {}
         for info_hash, items in grouped.items():
             durations = sorted(s for s, _, _ in items if s is not None)
@@ -99,6 +101,7 @@ class History:
                 for source, count in json.loads(sources).items():
                     totals[source] = totals.get(source, 0) + int(count)
             result[info_hash] = {
+                "name": names[info_hash],
                 "completed": len(items),
                 "mean_seconds": _round(sum(durations) / len(durations)) if durations else None,
                 "median_seconds": _round(percentile(durations, 50)),

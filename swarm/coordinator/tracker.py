@@ -81,7 +81,10 @@ def parse_announce(query: bytes | str) -> Announce:
     Raises:
         RemoteProtocolError: a parameter is missing, repeated or out of range.
     """
-    raw = query.encode("latin-1") if isinstance(query, str) else bytes(query)
+    try:
+        raw = query.encode("latin-1") if isinstance(query, str) else bytes(query)
+    except UnicodeEncodeError:  # a str query holding a code point > U+00FF (tests/fuzz)
+        raise RemoteProtocolError("announce query must be percent-encoded ASCII") from None
     if len(raw) > _MAX_QUERY:
         raise RemoteProtocolError(f"announce query is {len(raw)} bytes; at most {_MAX_QUERY}")
     params: dict[str, bytes] = {}

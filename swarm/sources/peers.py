@@ -35,7 +35,9 @@ STATUS_INTERVAL = 0.5
 ADD_PIECE_TIMEOUT = 60.0
 
 
-def session_settings(listen_ip: str, port: int, peer_id_prefix: str = "-SW0100-") -> dict[str, Any]:
+def session_settings(
+    listen_ip: str, port: int, upload_limit: int = 0, peer_id_prefix: str = "-SW0100-"
+) -> dict[str, Any]:
     """The session's settings, chosen for a private fleet on a fast LAN/VPC.
 
     Starts from libtorrent's ``high_performance_seed`` preset (deep send buffers, big
@@ -51,8 +53,12 @@ def session_settings(listen_ip: str, port: int, peer_id_prefix: str = "-SW0100-"
     - every fleet member is trusted, so no tit-for-tat: unchoke everyone (-1 slots) so
       a seeder's upload is never idle while someone still needs data;
     - no queueing of our torrents (active limits unlimited): a node seeds all it holds;
-    - local peers stay exempt from rate limits (``ignore_limits_on_local_network``,
-      the default) because there are no limits here; an upload cap is a later option.
+    - ``upload_limit`` (bytes/s, 0 = none) caps uploads to *every* peer: libtorrent
+      exempts LAN peers from rate limits by default (``ignore_limits_on_local_network``),
+      and in a VPC every peer is a LAN peer, so that exemption is turned off;
+    - writes with pwrite, not mmap (libtorrent 2.x's mmap disk I/O counts every touched
+      page of the artifact in the daemon's RSS: a 2 GiB fetch looks like a 2 GiB process
+      to the OOM killer and to cgroup limits).
     """
     settings = lt.high_performance_seed()
     settings.update(
@@ -92,6 +98,9 @@ def session_settings(listen_ip: str, port: int, peer_id_prefix: str = "-SW0100-"
                 | lt.alert.category_t.peer_notification
             ),
             "alert_queue_size": 10000,
+            "upload_rate_limit": upload_limit,
+            "ignore_limits_on_local_network": False,
+            "disk_write_mode": int(lt.mmap_write_mode_t.always_pwrite),
             "apply_ip_filter_to_trackers": False,
         }
     )
@@ -138,12 +147,12 @@ class TorrentState:
 class TorrentSession:
     """One libtorrent session and the thread that drains its alerts."""
 
-    def __init__(self, listen_ip: str, port: int, resume_dir: Path) -> None:
+    def __init__(self, listen_ip: str, port: int, resume_dir: Path, upload_limit: int = 0) -> None:
         self.listen_ip = listen_ip
         self.resume_dir = resume_dir
         resume_dir.mkdir(parents=True, exist_ok=True)
         params = lt.session_params()
-        params.settings = session_settings(listen_ip, port)
+        params.settings = session_settings(listen_ip, port, upload_limit)
         self.session = lt.session(params)
         self.torrents: dict[str, TorrentState] = {}
         self.on_finished: Callable[[str], None] | None = None

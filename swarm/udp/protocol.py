@@ -696,7 +696,7 @@ class ServerSession:
             if len(body) < _REQUEST.size:
                 raise RemoteProtocolError("short REQUEST")
             info_hash, rate, block, count = _REQUEST.unpack_from(body)
-            if count > MAX_PIECES_PER_REQUEST:
+            if not 1 <= count <= MAX_PIECES_PER_REQUEST:
                 raise RemoteProtocolError(f"REQUEST names {count} pieces")
             pieces = _u32s(body[_REQUEST.size :], count, "REQUEST pieces")
             if len(set(pieces)) != len(pieces):
@@ -1203,8 +1203,9 @@ class ClientSession:
                 f"the server's artifact has {piece_count} pieces of {piece_size} bytes, "
                 f"ours {self._expect_piece_count} of {self._expect_piece_size}"
             )
-        if block != self._block_size:
-            validate_block_size(block)
+        if block != self._block_size and not MIN_BLOCK_SIZE <= block <= MAX_BLOCK_SIZE:
+            # the server's word, not our misuse: a RemoteProtocolError
+            raise RemoteProtocolError(f"ACCEPT names block size {block}, out of range")
         if max(self._requested) >= piece_count:
             raise RemoteProtocolError(f"the artifact has only {piece_count} pieces")
         if not set(missing) <= set(self._requested):

@@ -469,6 +469,7 @@ def test_history_records_once_and_counts(tmp_path: Path) -> None:
     reopened = History(db)  # survives a restart
     assert reopened.counts() == {
         HEX: {
+            "name": "index.db",
             "completed": 3,
             "mean_seconds": 15.0,
             "median_seconds": 10.0,

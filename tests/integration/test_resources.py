@@ -1,0 +1,133 @@
+"""Resource bounds: daemon memory on a 2 GiB artifact, and an upload cap that holds for LAN
+peers (libtorrent exempts local peers from rate limits unless told otherwise)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from swarm.manifest import MANIFEST_SUFFIX, Manifest
+from tests.conftest import SIZE
+from tests.integration.test_swarm import FETCH_TIMEOUT
+from tests.servers import wait_until
+from tests.swarmnet import SWARM, Node, Swarm, done_event
+
+MiB = 1 << 20
+BIG = 2048 * MiB
+RSS_LIMIT = 250 * MiB
+UPLOAD_CAP = 4 * MiB
+
+
+@pytest.fixture
+def fleet(env, tmp_path, artifact):
+    with Swarm(tmp_path / "fleet", env) as swarm:
+        (tmp_path / "fleet").mkdir()
+        swarm.start_coordinator()
+        yield swarm
+
+
+def start_daemon(fleet: Swarm, node: Node, *args: str) -> subprocess.Popen:
+    log = (node.home / "daemon.log").open("ab")
+    process = subprocess.Popen(
+        [SWARM, "daemon", "--listen", node.ip, *args], env=node.env, stdout=log, stderr=log
+    )
+    log.close()
+    fleet.processes.append(process)
+    wait_until(lambda: node.daemon_pid() == process.pid and _alive_api(node), 30, "daemon")
+    return process
+
+
+def rss(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)
+
+
+def test_daemon_rss_stays_under_250_mib_on_a_2_gib_artifact(fleet, env, bucket, tmp_path):
+    # A 2 GiB artifact made of 32 random 64 MiB blocks (cheap to generate, all real bytes).
+    src = tmp_path / "big.bin"
+    rng = random.Random(5)
+    blocks = [rng.randbytes(64 * MiB) for _ in range(4)]
+    with src.open("wb") as out:
+        for i in range(BIG // (64 * MiB)):
+            out.write(blocks[i % 4][: 64 * MiB - 1] + bytes([i]))
+    key = "big/big.bin"
+    manifest = Manifest.from_file(
+        src, name="big.bin", piece_size=2 * MiB, bucket=bucket, key=key, web_seed=None
+    )
+    # Only the manifest goes to S3: the bytes come from a seeder that already holds them.
+    boto3.client("s3").put_object(Bucket=bucket, Key=key + MANIFEST_SUFFIX, Body=manifest.dumps())
+    seeder = fleet.node(0)
+    data = seeder.home / "data" / manifest.info_hash
+    data.mkdir(parents=True)
+    os.link(src, data / "big.bin")
+    (seeder.home / "artifacts").mkdir()
+    (seeder.home / "artifacts" / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
+    start_daemon(fleet, seeder)
+    wait_until(
+        lambda: _artifacts(seeder) and _artifacts(seeder)[0]["state"] == "seeding",
+        120,
+        "the seeder to check its 2 GiB",
+    )
+
+    leecher = fleet.node(1)
+    start_daemon(fleet, leecher)
+    pid = leecher.daemon_pid()
+    process = leecher.fetch(f"s3://{bucket}/{key}", tmp_path / "out.bin", "--source", "peers")
+    peak = 0
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:  # bounded sampling
+        peak = max(peak, rss(pid))
+        time.sleep(0.2)
+    done = done_event(process, 10)
+    peak = max(peak, rss(pid, "VmHWM"))
+    assert done["bytes_by_source"]["peers"] >= BIG
+    assert peak < RSS_LIMIT, f"daemon peak RSS {peak / MiB:.0f} MiB"
+    digest = hashlib.sha256()
+    with (tmp_path / "out.bin").open("rb") as f:
+        while chunk := f.read(16 * MiB):
+            digest.update(chunk)
+    assert digest.hexdigest() == manifest.sha256
+
+
+def test_upload_cap_holds_within_5_percent_for_lan_peers(fleet, artifact, tmp_path):
+    seeder = fleet.node(0)
+    start_daemon(fleet, seeder, "--upload-limit", str(UPLOAD_CAP))
+    done_event(seeder.fetch("index.db", tmp_path / "seeder.db"), FETCH_TIMEOUT)
+    leecher = fleet.node(1)
+    process = leecher.fetch("index.db", tmp_path / "leecher.db", "--source", "peers")
+    wait_until(lambda: _uploaded(seeder) > 2 * MiB, 30, "the upload to get going")
+    t0, u0 = time.monotonic(), _uploaded(seeder)
+    time.sleep(4.0)  # a measurement window, not synchronisation
+    t1, u1 = time.monotonic(), _uploaded(seeder)
+    rate = (u1 - u0) / (t1 - t0)
+    done_event(process, FETCH_TIMEOUT)
+    assert abs(rate - UPLOAD_CAP) <= 0.05 * UPLOAD_CAP, f"{rate / MiB:.2f} MiB/s"
+    assert SIZE / UPLOAD_CAP > 4  # the window fell inside the transfer
+
+
+def _uploaded(node: Node) -> int:
+    return _artifacts(node)[0]["uploaded"]
+
+
+def _artifacts(node: Node) -> list:
+    try:
+        return node.status()["artifacts"]
+    except OSError:
+        return []
+
+
+def _alive_api(node: Node) -> bool:
+    try:
+        node.status()
+        return True
+    except OSError:
+        return False
