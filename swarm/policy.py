@@ -37,8 +37,10 @@ NARROW_RATIO = 1.0
 """Narrow back once the swarm delivers more than S3 would (the gap between the two
 ratios is the hysteresis band: a node between them keeps its mode)."""
 
-HOLD_SECONDS = 3.0
-"""A condition must hold this long before the mode changes (hysteresis in time)."""
+HOLD_SECONDS = 1.0
+"""A condition must hold this long before the mode changes (hysteresis in time): over
+two consecutive reports (1 s apart), so one odd sample never switches, while a fetch of
+a few seconds still benefits. The EMA (``EMA_TAU``) already smooths each input."""
 
 MIN_S3_ESTIMATE = 64 * 1024
 """Below this many bytes/s, an S3 estimate is noise (a node that has read one range);

@@ -57,6 +57,13 @@ class Node:
 
         return DaemonClient(self.home).call("GET", "/v1/artifacts")
 
+    def artifacts(self) -> list[dict[str, Any]]:
+        """The daemon's artifacts, or [] while no daemon answers."""
+        try:
+            return self.status()["artifacts"]
+        except OSError:
+            return []
+
 
 def done_event(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     """Wait for a `swarm fetch --json` process; return its final event (fail on error)."""
@@ -125,6 +132,26 @@ class Swarm:
         self.nodes.append(node)
         return node
 
+    def start_daemon(self, node: Node, *args: str) -> subprocess.Popen[Any]:
+        """Run ``swarm daemon`` for ``node`` (with ``args``); return once its API answers
+        (it restores held artifacts before it serves, so they are listed by then)."""
+        log = (node.home / "daemon-started.log").open("ab")
+        process = subprocess.Popen(
+            [SWARM, "daemon", "--listen", node.ip, *args], env=node.env, stdout=log, stderr=log
+        )
+        log.close()
+        self.processes.append(process)
+
+        def answers() -> bool:
+            try:
+                node.status()
+                return node.daemon_pid() == process.pid
+            except OSError:
+                return False
+
+        wait_until(answers, 30, f"{node.name}'s daemon")
+        return process
+
     def start_origin_seeder(self, catalog: str, name: str) -> Node:
         node = self.node(99)
         log = (node.home / "seeder.log").open("ab")
@@ -159,7 +186,7 @@ class Swarm:
                 process.terminate()
         deadline = time.monotonic() + 10
         for pid in pids:
-            while time.monotonic() < deadline and _alive(pid):
+            while time.monotonic() < deadline and running(pid):
                 time.sleep(0.05)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -171,7 +198,8 @@ class Swarm:
                 process.wait(5)
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

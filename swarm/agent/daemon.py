@@ -66,6 +66,9 @@ ORIGIN_BATCH_BYTES = 32 << 20
 """Bytes read from S3 per decision (two 16 MiB ranges in flight); the choice is made
 again after each batch, so pieces that arrive from peers meanwhile are not read twice."""
 
+WIDE_RANGE = 4 << 20
+"""Range size of WIDE-mode reads (see ``_read_origin``)."""
+
 PLAN_TTL = 3.0
 """A coordinator plan older than this (three missed reports) is stale: the node decides
 alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
@@ -230,7 +233,13 @@ class Daemon:
         when the swarm is too slow (WIDE), or, without a fresh plan, the local choice."""
         manifest, sink = artifact.manifest, artifact.sink
         state = self.session.torrents[manifest.info_hash]
-        source = S3Source(make_client(endpoint), manifest, sink, artifact.cancel, S3SourceConfig())
+        client = make_client(endpoint)
+        stripe_source = S3Source(client, manifest, sink, artifact.cancel, S3SourceConfig())
+        # WIDE reads everything it may, in small ranges many at a time: pieces that arrive
+        # from peers meanwhile are skipped range by range, and the link fills at once.
+        wide_source = S3Source(
+            client, manifest, sink, artifact.cancel, S3SourceConfig(range_size=WIDE_RANGE)
+        )
         batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
         local = LocalOriginPolicy(stripe_offset(self.node_id, manifest.layout.count))
         s3_only = "peers" not in artifact.sources
@@ -247,6 +256,7 @@ class Daemon:
             peers_rate = float(status.download_payload_rate) if status is not None else 0.0
             now = time.monotonic()
             plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
+            wide = False
             if s3_only:
                 batch = missing  # all of it, at full speed
             else:
@@ -254,7 +264,8 @@ class Daemon:
                 if plan is not None:
                     if plan["mode"] == Mode.WIDE:
                         availability = handle.piece_availability()
-                        batch = wide_pieces(missing, availability, in_flight, batch_pieces)
+                        batch = wide_pieces(missing, availability, in_flight, len(missing))
+                        wide = True
                     else:
                         batch = [p for p in plan["stripe"] if not sink.have(p)]
                 else:
@@ -269,13 +280,14 @@ class Daemon:
                         s3_bytes=s3_bytes,
                         now=now,
                     )
+                    wide = local.state.mode is Mode.WIDE
             if not batch:
                 artifact.plan_updated.clear()
                 artifact.plan_updated.wait(0.25)
                 continue
             try:
                 artifact.plan_updated.clear()
-                source.fetch(batch)
+                (wide_source if wide else stripe_source).fetch(batch)
                 artifact.s3_error = None
                 if plan is not None:  # report the finished stripe now, for the next one
                     self.wake_reporter()

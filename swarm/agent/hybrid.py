@@ -160,6 +160,6 @@ class LocalOriginPolicy:
         count = len(availability)
         backlog = sum(1 for i in missing if i < count and availability[i] > 0) * piece_size
         self.state = decide(self.state, peers_rate, self.s3_rate, backlog, now)
-        if self.state.mode is Mode.WIDE:
-            return wide_pieces(missing, availability, in_flight_from_peers, limit)
+        if self.state.mode is Mode.WIDE:  # everything peers are slow to give, no batch limit
+            return wide_pieces(missing, availability, in_flight_from_peers, len(missing))
         return origin_pieces(missing, availability, in_flight_from_peers, self.offset, limit)

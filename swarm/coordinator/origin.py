@@ -121,6 +121,9 @@ class _Artifact:
     progress_at: dict[str, float] = field(default_factory=dict)
     modes: dict[str, MixState] = field(default_factory=dict)
     wide_readers: set[str] = field(default_factory=set)
+    s3_estimate: float | None = None
+    """The last per-reader S3 rate seen: kept when nobody reads the origin any more (every
+    piece is held somewhere), which is exactly when a slow swarm should widen to S3."""
 
     def held_any(self) -> int:
         union = 0
@@ -184,6 +187,7 @@ class StripePlanner:
         art.held[node] = held
         rates = self.rates.update(node, info_hash, counters, up_rate, now)
         union = art.held_any()
+        readers_before = art.readers()  # includes a node whose last stripe just finished
         before = sum(1 for n in art.assigned.values() if n == node)
         for piece in [p for p in art.assigned if union >> p & 1]:
             del art.assigned[piece]
@@ -196,7 +200,10 @@ class StripePlanner:
             art.modes.pop(node, None)
             return OriginPlan([], Mode.STRIPE, None)
 
-        estimate = self.rates.s3_per_reader(info_hash, art.readers())
+        current = self.rates.s3_per_reader(info_hash, readers_before | art.readers())
+        if current is not None:
+            art.s3_estimate = current
+        estimate = art.s3_estimate
         backlog = (union & ~held).bit_count() * piece_size
         state = decide(
             art.modes.get(node, MixState()), rates.down.get("peers", 0.0), estimate, backlog, now

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import SIZE
 from tests.integration.test_swarm import FETCH_TIMEOUT
 from tests.servers import FaultProxy, Faults, wait_until
-from tests.swarmnet import SWARM, Node, Swarm, done_event
+from tests.swarmnet import Node, Swarm, done_event, running
 
 MiB = 1 << 20
 PIECE = 1 * MiB  # the default piece size for SIZE
@@ -37,18 +37,7 @@ def stop_daemon(node: Node, sig: int = signal.SIGTERM) -> None:
     pid = node.daemon_pid()
     assert pid
     os.kill(pid, sig)
-    wait_until(lambda: not _running(pid), 30, f"daemon {pid} to exit")
-
-
-def start_daemon(fleet: Swarm, node: Node) -> subprocess.Popen:
-    log = (node.home / "daemon-restart.log").open("ab")
-    process = subprocess.Popen(
-        [SWARM, "daemon", "--listen", node.ip], env=node.env, stdout=log, stderr=log
-    )
-    log.close()
-    fleet.processes.append(process)
-    wait_until(lambda: node.daemon_pid() == process.pid and _artifacts(node), 30, "daemon up")
-    return process
+    wait_until(lambda: not running(pid), 30, f"daemon {pid} to exit")
 
 
 def data_file(node: Node) -> Path:
@@ -72,18 +61,18 @@ def test_corrupt_peer_is_banned_and_no_corrupt_byte_reaches_dest(fleet, artifact
     stop_daemon(good)
     stop_daemon(bad)  # a clean stop: its resume data will be trusted, so it claims all
     corrupt(data_file(bad), list(range(0, SIZE // PIECE, 2)))
-    start_daemon(fleet, bad)  # now a peer that serves wrong data for half the pieces
+    fleet.start_daemon(bad)  # now a peer that serves wrong data for half the pieces
 
     new = fleet.node(2)
     process = new.fetch("index.db", tmp_path / "new.db", "--source", "peers")
     wait_until(
-        lambda: _artifacts(new) and _artifacts(new)[0]["peers_banned"] >= 1,
+        lambda: new.artifacts() and new.artifacts()[0]["peers_banned"] >= 1,
         60,
         "the corrupt peer to be banned",
     )
-    start_daemon(fleet, good)  # an honest seeder comes back: the fetch can finish
+    fleet.start_daemon(good)  # an honest seeder comes back: the fetch can finish
     done = done_event(process, FETCH_TIMEOUT)
-    status = _artifacts(new)[0]
+    status = new.artifacts()[0]
     assert status["peer_hash_failures"] >= 1 and status["peers_banned"] >= 1
     assert status["peer_hash_failures"] <= SIZE // PIECE  # bounded: banned, not retried
     assert done["bytes_by_source"]["s3"] == 0
@@ -100,7 +89,7 @@ def test_kill_9_daemon_20_times_then_the_fetch_finishes(fleet, artifact, env, tm
         dest = tmp_path / "dest.db"
         while kills < 20:
             process = node.fetch("index.db", dest)
-            wait_until(lambda: node.daemon_pid() is not None and _artifacts(node), 30, "daemon")
+            wait_until(lambda: node.daemon_pid() is not None and node.artifacts(), 30, "daemon")
             delay = rng.uniform(0.05, 0.8)
             with pytest.raises(subprocess.TimeoutExpired):
                 process.wait(delay)  # the fetch must still be running when we strike
@@ -108,7 +97,7 @@ def test_kill_9_daemon_20_times_then_the_fetch_finishes(fleet, artifact, env, tm
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
             kills += 1
-            wait_until(lambda pid=pid: not _running(pid), 30, "daemon death")
+            wait_until(lambda pid=pid: not running(pid), 30, "daemon death")
             process.kill()
             process.wait(10)
             (node.home / "daemon.pid").unlink(missing_ok=True)
@@ -121,7 +110,7 @@ def test_resume_data_is_not_trusted_after_an_unclean_stop(fleet, artifact, tmp_p
     node = fleet.node(0)
     done_event(node.fetch("index.db", tmp_path / "first.db"), FETCH_TIMEOUT)
     stop_daemon(node)  # clean: resume data says "all pieces"
-    start_daemon(fleet, node)
+    fleet.start_daemon(node)
     stop_daemon(node, signal.SIGKILL)  # unclean
     corrupt(data_file(node), [3, 7])  # the disk lost two pieces' writes
     (node.home / "daemon.pid").unlink(missing_ok=True)
@@ -154,17 +143,3 @@ def test_full_dest_fails_fast_with_exit_6_and_resumes_after_space_is_freed(
         assert sha256(mnt / "index.db") == sha256(artifact)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _artifacts(node: Node) -> list:
-    try:
-        return node.status()["artifacts"]
-    except OSError:
-        return []
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from swarm.manifest import MANIFEST_SUFFIX, Manifest
 from tests.conftest import SIZE
 from tests.integration.test_swarm import FETCH_TIMEOUT
 from tests.servers import wait_until
-from tests.swarmnet import SWARM, Node, Swarm, done_event
+from tests.swarmnet import Node, Swarm, done_event
 
 MiB = 1 << 20
 BIG = 2048 * MiB
@@ -31,17 +30,6 @@ def fleet(env, tmp_path, artifact):
         (tmp_path / "fleet").mkdir()
         swarm.start_coordinator()
         yield swarm
-
-
-def start_daemon(fleet: Swarm, node: Node, *args: str) -> subprocess.Popen:
-    log = (node.home / "daemon.log").open("ab")
-    process = subprocess.Popen(
-        [SWARM, "daemon", "--listen", node.ip, *args], env=node.env, stdout=log, stderr=log
-    )
-    log.close()
-    fleet.processes.append(process)
-    wait_until(lambda: node.daemon_pid() == process.pid and _alive_api(node), 30, "daemon")
-    return process
 
 
 def rss(pid: int, field: str = "VmRSS") -> int:
@@ -71,15 +59,15 @@ def test_daemon_rss_stays_under_250_mib_on_a_2_gib_artifact(fleet, env, bucket, 
     os.link(src, data / "big.bin")
     (seeder.home / "artifacts").mkdir()
     (seeder.home / "artifacts" / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
-    start_daemon(fleet, seeder)
+    fleet.start_daemon(seeder)
     wait_until(
-        lambda: _artifacts(seeder) and _artifacts(seeder)[0]["state"] == "seeding",
+        lambda: seeder.artifacts() and seeder.artifacts()[0]["state"] == "seeding",
         120,
         "the seeder to check its 2 GiB",
     )
 
     leecher = fleet.node(1)
-    start_daemon(fleet, leecher)
+    fleet.start_daemon(leecher)
     pid = leecher.daemon_pid()
     process = leecher.fetch(f"s3://{bucket}/{key}", tmp_path / "out.bin", "--source", "peers")
     peak = 0
@@ -100,7 +88,7 @@ def test_daemon_rss_stays_under_250_mib_on_a_2_gib_artifact(fleet, env, bucket, 
 
 def test_upload_cap_holds_within_5_percent_for_lan_peers(fleet, artifact, tmp_path):
     seeder = fleet.node(0)
-    start_daemon(fleet, seeder, "--upload-limit", str(UPLOAD_CAP))
+    fleet.start_daemon(seeder, "--upload-limit", str(UPLOAD_CAP))
     done_event(seeder.fetch("index.db", tmp_path / "seeder.db"), FETCH_TIMEOUT)
     leecher = fleet.node(1)
     process = leecher.fetch("index.db", tmp_path / "leecher.db", "--source", "peers")
@@ -115,19 +103,4 @@ def test_upload_cap_holds_within_5_percent_for_lan_peers(fleet, artifact, tmp_pa
 
 
 def _uploaded(node: Node) -> int:
-    return _artifacts(node)[0]["uploaded"]
-
-
-def _artifacts(node: Node) -> list:
-    try:
-        return node.status()["artifacts"]
-    except OSError:
-        return []
-
-
-def _alive_api(node: Node) -> bool:
-    try:
-        node.status()
-        return True
-    except OSError:
-        return False
+    return node.artifacts()[0]["uploaded"]

@@ -136,3 +136,20 @@ def test_local_policy_choices():
         missing, availability, set(), 4, piece_size=MiB, peers_rate=0.0, s3_bytes=0, now=0.0
     )
     assert got == [0, 1, 4, 5] and local.state.mode is Mode.STRIPE
+
+
+def test_a_slow_swarm_widens_after_the_stripes_are_done():
+    """Once every piece is held somewhere nobody reads the origin, yet a node the swarm
+    serves slowly must still widen: the last per-reader S3 rate is remembered."""
+    planner = StripePlanner(stripe_bytes=32 * MiB)
+    low, high = (1 << 32) - 1, ((1 << 32) - 1) << 32
+    _plan(planner, "a", now=0.0)
+    _plan(planner, "b", now=0.0)
+    # a and b read their 32 MiB stripes in a second, then hold everything between them
+    a = _plan(planner, "a", held=low, now=1.0, s3=32 * MiB)
+    b = _plan(planner, "b", held=high, now=1.0, s3=32 * MiB)
+    assert a.stripe == [] and b.stripe == [] and b.s3_estimate
+    # b misses a's 32 pieces and its peers give it nothing: WIDE on the next report (the
+    # condition held over two reports), not at once
+    assert b.mode is Mode.STRIPE
+    assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB).mode is Mode.WIDE
