@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import SIZE
 from tests.integration.test_swarm import FETCH_TIMEOUT
 from tests.servers import FaultProxy, Faults, wait_until
-from tests.swarmnet import Node, Swarm, done_event, running
+from tests.swarmnet import Node, done_event, running
 
 MiB = 1 << 20
 PIECE = 1 * MiB  # the default piece size for SIZE
@@ -23,14 +23,6 @@ PIECE = 1 * MiB  # the default piece size for SIZE
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def fleet(env, tmp_path, artifact):
-    with Swarm(tmp_path / "fleet", env) as swarm:
-        (tmp_path / "fleet").mkdir()
-        swarm.start_coordinator()
-        yield swarm
 
 
 def stop_daemon(node: Node, sig: int = signal.SIGTERM) -> None:

@@ -10,26 +10,17 @@ import time
 from pathlib import Path
 
 import boto3
-import pytest
 
 from swarm.manifest import MANIFEST_SUFFIX, Manifest
 from tests.conftest import SIZE
 from tests.integration.test_swarm import FETCH_TIMEOUT
 from tests.servers import wait_until
-from tests.swarmnet import Node, Swarm, done_event
+from tests.swarmnet import Node, done_event
 
 MiB = 1 << 20
 BIG = 2048 * MiB
 RSS_LIMIT = 250 * MiB
 UPLOAD_CAP = 4 * MiB
-
-
-@pytest.fixture
-def fleet(env, tmp_path, artifact):
-    with Swarm(tmp_path / "fleet", env) as swarm:
-        (tmp_path / "fleet").mkdir()
-        swarm.start_coordinator()
-        yield swarm
 
 
 def rss(pid: int, field: str = "VmRSS") -> int:
