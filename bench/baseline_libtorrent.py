@@ -21,7 +21,6 @@ Exit codes: 0 done (and, with --seed, stopped by a signal); 1 error or timeout;
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import signal
 import sys
@@ -32,15 +31,9 @@ from types import FrameType
 
 import libtorrent as lt
 
+from swarm.pieces import file_sha256
+
 ALERT_WAIT_MS = 200
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def emit(event: str, **fields: object) -> None:

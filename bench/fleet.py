@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -58,6 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from swarm.pieces import file_sha256, parse_size, write_random_file  # noqa: E402
 from tests.netlab import Host, Lab, LabError, lab_unavailable  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -167,19 +167,6 @@ class BenchError(Exception):
 
 def log(message: str) -> None:
     print(f"[fleet {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "")
-    try:
-        value = int(float(number) * units[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 128M, 1G)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("size must be positive")
-    return value
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -411,26 +398,6 @@ class CpuSampler:
         return sum(s >= 0.95 for s in self.samples) / len(self.samples)
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def make_random_file(path: Path, size: int) -> str:
-    digest = hashlib.sha256()
-    with path.open("wb") as out:
-        left = size
-        while left:
-            block = os.urandom(min(left, 16 << 20))
-            digest.update(block)
-            out.write(block)
-            left -= len(block)
-    return digest.hexdigest()
-
-
 def clean_env() -> dict[str, str]:
     """Our environment without anything that could send traffic elsewhere (proxies) or
     change a client's behaviour (AWS profiles, SWARM_* settings)."""
@@ -517,7 +484,7 @@ class Fleet:
         )
         self.source.parent.mkdir()
         log(f"writing a {self.config.size}-byte artifact")
-        self.sha256 = make_random_file(self.source, self.config.size)
+        self.sha256 = write_random_file(self.source, self.config.size)
         started = time.monotonic()
         done = self.origin.run(
             [SWARM, "publish", str(self.source), f"s3://{BUCKET}/{KEY}", "--name", NAME,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +37,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
+
+from swarm.pieces import file_sha256, parse_size, write_random_file
 
 MINIO_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
 MINIO_BIN_DIR = Path.home() / ".cache" / "swarm" / "bin"
@@ -104,19 +105,6 @@ class Results:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "")
-    try:
-        value = int(float(number) * units[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 1G)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("size must be positive")
-    return value
 
 
 def free_port() -> int:
@@ -243,28 +231,6 @@ def tail(path: Path, limit: int = 2000) -> str:
 # -- the object ---------------------------------------------------------------------------
 
 
-def make_random_file(path: Path, size: int) -> str:
-    """Write ``size`` random bytes to ``path``; return their SHA-256."""
-    digest = hashlib.sha256()
-    chunk = 16 << 20
-    with path.open("wb") as stream:
-        left = size
-        while left:
-            block = os.urandom(min(chunk, left))
-            digest.update(block)
-            stream.write(block)
-            left -= len(block)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def client_env(endpoint: str, home: Path) -> dict[str, str]:
     """The environment every client runs in: MinIO's credentials, no user config."""
     env = {
@@ -371,7 +337,7 @@ def bench(args: argparse.Namespace, work: Path) -> Results:
         create_bucket(endpoint)
         source = work / "source.bin"
         log(f"writing {args.size} random bytes ...")
-        sha256 = make_random_file(source, args.size)
+        sha256 = write_random_file(source, args.size)
         published = run(
             [str(VENV_BIN / "swarm"), "publish", str(source), f"s3://{BUCKET}/{KEY}", "--json"],
             env,

@@ -14,20 +14,19 @@ from typing import Any, TypeVar
 
 import click
 
-from swarm import __version__, config
+from swarm import __version__, config, pieces
 from swarm.errors import EXIT_CODES, SwarmError
 from swarm.pieces import validate_piece_size
 
 F = TypeVar("F", bound=Callable[..., Any])
-SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str) -> int:
-    """'1M', '4MiB', '262144' -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a size (examples: 1M, 4MiB, 262144)")
-    return int(match.group(1)) * SIZE_UNITS[match.group(2).upper()]
+    """:func:`swarm.pieces.parse_size` as a click parameter."""
+    try:
+        return pieces.parse_size(text)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
 
 
 def reports_errors(func: F) -> F:

@@ -9,10 +9,8 @@ stopped here, by pid, whatever happens.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -32,6 +30,7 @@ from rich.live import Live
 from rich.table import Table
 
 from swarm.errors import SwarmError
+from swarm.pieces import file_sha256, write_random_file
 
 DEMO_SIZE = 256 << 20
 DEMO_NODES = 4
@@ -184,19 +183,6 @@ def workspace(keep: bool) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def generate(path: Path, size: int) -> str:
-    rng = random.Random(42)
-    digest = hashlib.sha256()
-    with path.open("wb") as out:
-        left = size
-        while left:
-            chunk = rng.randbytes(min(left, 8 << 20))
-            digest.update(chunk)
-            out.write(chunk)
-            left -= len(chunk)
-    return digest.hexdigest()
-
-
 def run_demo(
     size: int = DEMO_SIZE,
     nodes: int = DEMO_NODES,
@@ -252,7 +238,7 @@ def _run(
     boto3.client("s3", endpoint_url=s3_url, **_boto_credentials()).create_bucket(Bucket=DEMO_BUCKET)
     artifact = work / "index.db"
     console.print(f"[bold]2.[/] generating a {size >> 20} MiB artifact and publishing it")
-    sha256 = generate(artifact, size)
+    sha256 = write_random_file(artifact, size, seed=42)
     env["SWARM_CATALOG"] = f"s3://{DEMO_BUCKET}/catalog/"
     subprocess.run(
         [
@@ -299,7 +285,7 @@ def _run(
     elapsed = time.monotonic() - started
 
     failed = [v for v in views if v.process and v.process.returncode != 0]
-    good = [v for v in views if v.dest.exists() and _sha256(v.dest) == sha256]
+    good = [v for v in views if v.dest.exists() and file_sha256(v.dest) == sha256]
     s3_total = sum(v.by_source.get("s3", 0) for v in views)
     peers_total = sum(v.by_source.get("peers", 0) for v in views)
     console.print(
@@ -321,11 +307,3 @@ def _boto_credentials() -> dict[str, str]:
         "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         "region_name": CREDENTIALS["AWS_DEFAULT_REGION"],
     }
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 KiB = 1024
@@ -119,3 +121,40 @@ def sha1_pieces(stream: BinaryIO, piece_size: int) -> Iterator[tuple[bytes, byte
         if not chunk:
             return
         yield chunk, hashlib.sha1(chunk).digest()
+
+
+SIZE_UNITS = {"": 1, "K": KiB, "M": MiB, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'1M', '4MiB', '262144' -> bytes (binary units); ValueError for anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size (examples: 1M, 4MiB, 262144)")
+    return int(match.group(1)) * SIZE_UNITS[match.group(2).upper()]
+
+
+def file_sha256(path: Path, chunk: int = 8 * MiB) -> str:
+    """Hex SHA-256 of a file, read in ``chunk``-sized blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_random_file(path: Path, size: int, seed: int | None = None) -> str:
+    """Fill ``path`` with ``size`` incompressible bytes (repeatable with ``seed``);
+    return their SHA-256. For demos, tests and benchmarks."""
+    import random
+
+    rng = random.Random(seed)
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+        left = size
+        while left:
+            block = rng.randbytes(min(left, 8 * MiB))
+            digest.update(block)
+            out.write(block)
+            left -= len(block)
+    return digest.hexdigest()

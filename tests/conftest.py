@@ -8,6 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from swarm.pieces import write_random_file
 from tests.servers import moto_server
 
 CREDENTIALS = {
@@ -84,13 +85,5 @@ def bucket(env: dict[str, str]) -> str:
 
 def make_artifact(path: Path, size: int, seed: int = 0) -> Path:
     """A file of pseudo-random bytes (incompressible, repeatable by seed)."""
-    import random
-
-    rng = random.Random(seed)
-    with path.open("wb") as out:
-        left = size
-        while left:
-            n = min(left, 1 << 20)
-            out.write(rng.randbytes(n))
-            left -= n
+    write_random_file(path, size, seed)
     return path

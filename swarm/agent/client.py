@@ -150,13 +150,14 @@ def place(data_path: Path, dest: Path, sha256: str, size: int) -> None:
         os.close(dir_fd)
 
 
-def daemon_error(message: str) -> SwarmError:
+def daemon_error(status: dict[str, Any]) -> SwarmError:
     """A libtorrent storage error as the CLI reports it (a full disk is exit code 6)."""
-    if "space" in message.lower() or "ENOSPC" in message:
+    if status.get("error_no_space"):
         return NoSpaceError(
-            f"swarm: the daemon's data directory is full ({message}); free space and rerun"
+            f"swarm: the daemon's data directory is full ({status['error']}, ENOSPC); free "
+            "space and rerun"
         )
-    return SwarmError(f"swarm: the daemon cannot store the artifact: {message}")
+    return SwarmError(f"swarm: the daemon cannot store the artifact: {status['error']}")
 
 
 def fetch_via_daemon(
@@ -175,7 +176,7 @@ def fetch_via_daemon(
     while not status["complete"]:
         on_status(status)
         if status.get("error"):
-            raise daemon_error(status["error"])
+            raise daemon_error(status)
         if deadline and time.monotonic() - started > deadline:
             raise DeadlineError(
                 f"swarm: deadline of {deadline:g}s passed at {status['have_bytes']} of "

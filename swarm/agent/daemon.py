@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -209,18 +210,18 @@ class Daemon:
         if "s3" in sources and not artifact.sink.complete() and not artifact.origin_thread:
             artifact.origin_thread = threading.Thread(
                 target=self._origin_worker,
-                args=(artifact, endpoint),
+                args=(artifact, client),
                 daemon=True,
                 name=f"origin-{manifest.name}",
             )
             artifact.origin_thread.start()
         return artifact
 
-    def _origin_worker(self, artifact: Artifact, endpoint: str | None) -> None:
+    def _origin_worker(self, artifact: Artifact, client: Any) -> None:
         """The origin reader's thread: a bug in one round must not stall the fetch."""
         while not artifact.cancel.is_set():
             try:
-                self._read_origin(artifact, endpoint)
+                self._read_origin(artifact, client)
                 return
             except Exception as error:
                 artifact.s3_error = f"internal error: {error!r}"
@@ -228,12 +229,11 @@ class Daemon:
                 if artifact.cancel.wait(ORIGIN_RETRY):
                     return
 
-    def _read_origin(self, artifact: Artifact, endpoint: str | None) -> None:
+    def _read_origin(self, artifact: Artifact, client: Any) -> None:
         """Read from S3 what the plan says: the coordinator's stripe, or everything missing
         when the swarm is too slow (WIDE), or, without a fresh plan, the local choice."""
         manifest, sink = artifact.manifest, artifact.sink
         state = self.session.torrents[manifest.info_hash]
-        client = make_client(endpoint)
         stripe_source = S3Source(client, manifest, sink, artifact.cancel, S3SourceConfig())
         # WIDE reads everything it may, in small ranges many at a time: pieces that arrive
         # from peers meanwhile are skipped range by range, and the link fills at once.
@@ -370,6 +370,7 @@ class Daemon:
             "peers": status.num_peers if status is not None else 0,
             "seconds": artifact.seconds,
             "error": (state.error if state else None),
+            "error_no_space": bool(state and state.error_errno == errno.ENOSPC),
             "s3_error": artifact.s3_error,
             "udp_error": artifact.udp_error,
             "hash_failures": artifact.sink.hash_failures,

@@ -7,7 +7,6 @@ is a :class:`PieceFile` beside DEST. The daemon (peers, UDP) reuses the same pie
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from swarm.agent.store import PieceFile, check_dest
 from swarm.errors import DeadlineError, SwarmError
 from swarm.manifest import Manifest
 from swarm.objectstore import make_client
+from swarm.pieces import file_sha256
 from swarm.progress import FetchProgress
 from swarm.sources import Cancelled
 from swarm.sources.s3 import S3Source, S3SourceConfig
@@ -44,11 +44,7 @@ def dest_already_matches(dest: Path, manifest: Manifest) -> bool:
     """True if DEST already holds exactly this artifact (a rerun of a finished fetch)."""
     if not dest.is_file() or dest.stat().st_size != manifest.size:
         return False
-    digest = hashlib.sha256()
-    with dest.open("rb") as stream:
-        while chunk := stream.read(4 << 20):
-            digest.update(chunk)
-    return digest.hexdigest() == manifest.sha256
+    return file_sha256(dest) == manifest.sha256
 
 
 def run_with_deadline(

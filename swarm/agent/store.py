@@ -30,8 +30,6 @@ from swarm.manifest import Manifest
 STATE_SAVE_INTERVAL = 1.0
 """Seconds between state-file saves; losing at most this much progress on kill -9."""
 
-READ_CHUNK = 4 << 20
-
 PREFIX_HASH_CHUNK = 16 << 20
 """Most bytes the prefix hasher reads back and hashes at once. The whole-file SHA-256 is
 one sequential chain and, on a CPU without SHA extensions (~300 MB/s), the critical path
@@ -206,12 +204,12 @@ class PieceFile:
 
     # -- finishing -------------------------------------------------------------------------
 
-    def finalize(self, hasher: Callable[[], str] | None = None) -> None:
+    def finalize(self, hasher: Callable[[], str]) -> None:
         """Check the whole-file SHA-256, then atomically rename the partial file to DEST."""
         if not self.complete:
             raise SwarmError(f"swarm: internal error: finalize with {len(self.missing())} missing")
         os.fsync(self._fd)
-        digest = hasher() if hasher else self.sha256_on_disk()
+        digest = hasher()
         if digest != self.manifest.sha256:
             self.discard()
             raise IntegrityError(
@@ -271,16 +269,6 @@ class PieceFile:
             return digest.hexdigest()
 
         return result
-
-    def sha256_on_disk(self, upto: int | None = None) -> str:
-        digest = hashlib.sha256()
-        end = self.manifest.size if upto is None else upto
-        offset = 0
-        while offset < end:
-            chunk = os.pread(self._fd, min(READ_CHUNK, end - offset), offset)
-            digest.update(chunk)
-            offset += len(chunk)
-        return digest.hexdigest()
 
     def read_range(self, offset: int, length: int) -> bytes:
         return os.pread(self._fd, length, offset)

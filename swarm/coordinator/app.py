@@ -363,9 +363,11 @@ async def _fleet(request: web.Request) -> web.Response:
     now = app[CLOCK]()
     snapshot = app[STORE].snapshot(now)
     history = app[HISTORY].counts()
+    planner = app[PLANNER]
     for artifact in snapshot["artifacts"]:  # type: ignore[union-attr]
         artifact["history"] = history.get(artifact["info_hash"], _NO_HISTORY)
-    planner = app[PLANNER]
+        # per piece, how many reporting nodes hold it (empty before any bitfield report)
+        artifact["availability"] = planner.availability(artifact["info_hash"])
     for node in snapshot["nodes"]:  # type: ignore[union-attr]
         for item in node["artifacts"]:
             rates = planner.rates.get(node["node"], item["info_hash"])

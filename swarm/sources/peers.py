@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +135,8 @@ class TorrentState:
     finishing: bool = False
     status: Any = None
     error: str | None = None
+    error_errno: int | None = None
+    """The OS error number behind ``error`` (ENOSPC: the disk is full), if any."""
     pending: dict[int, Future[bool]] = field(default_factory=dict)
     peer_hash_failures: int = 0
     """Pieces from peers that failed their hash check (libtorrent refetches them)."""
@@ -155,7 +156,6 @@ class TorrentSession:
         params.settings = session_settings(listen_ip, port, upload_limit)
         self.session = lt.session(params)
         self.torrents: dict[str, TorrentState] = {}
-        self.on_finished: Callable[[str], None] | None = None
         self._lock = threading.Lock()
         self._running = True
         self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
@@ -253,12 +253,6 @@ class TorrentSession:
             state.finishing = True
             self.save_resume(state.info_hash, flush=True)
 
-    def remove(self, info_hash: str) -> None:
-        with self._lock:
-            state = self.torrents.pop(info_hash, None)
-        if state:
-            self.session.remove_torrent(state.handle)
-
     def close(self, timeout: float = 5.0) -> None:
         """Save resume data for every torrent, then stop the session."""
         states = list(self.torrents.values())
@@ -335,8 +329,6 @@ class TorrentSession:
                 if state.finishing and not state.finished.is_set():
                     state.status = state.handle.status()  # final counters, not 0.5 s old ones
                     state.finished.set()
-                    if self.on_finished:
-                        self.on_finished(state.info_hash)
             return
         if isinstance(alert, lt.save_resume_data_failed_alert):
             state = self._state_of(alert.handle)
@@ -349,6 +341,7 @@ class TorrentSession:
             state = self._state_of(alert.handle)
             if state:
                 state.error = alert.message()
+                state.error_errno = alert.error.value()
             log.error("%s", alert.message())
             return
         if isinstance(alert, lt.tracker_error_alert):

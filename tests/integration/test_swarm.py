@@ -44,7 +44,9 @@ def test_four_nodes_and_an_origin_seeder_all_complete(swarm, artifact, tmp_path)
     # the seeder holds and seeds it too
     wait_until(lambda: seeder.daemon_pid() is not None, 30, "the seeder's pid file")
     fleet = get_json(swarm.coordinator_url + "/v1/fleet")
-    assert any(a["name"] == "index.db" for a in fleet["artifacts"])
+    (entry,) = [a for a in fleet["artifacts"] if a["name"] == "index.db"]
+    # per-piece availability from the nodes' bitfields: every piece is held somewhere
+    assert len(entry["availability"]) == SIZE // (1 << 20) and min(entry["availability"]) >= 1
     # `swarm status` sees the whole fleet: 4 nodes and the seeder complete
     wait_until(lambda: _status(swarm)["artifacts"][0]["nodes_complete"] >= 5, 15, "status")
     view = _status(swarm)

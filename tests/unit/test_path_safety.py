@@ -218,6 +218,7 @@ def test_piece_file_writes_only_dest_and_its_siblings(name: str, tmp_path: Path)
     before = _tree(tmp_path)
     sink = PieceFile(manifest, dest_dir / name)
     sink.open()
+    whole_file = sink.start_prefix_hasher()
     try:
         for index in range(manifest.layout.count):
             offset = manifest.layout.offset(index)
@@ -227,7 +228,7 @@ def test_piece_file_writes_only_dest_and_its_siblings(name: str, tmp_path: Path)
             f".{name}.swarm-part",
             f".{name}.swarm-part.state",
         }
-        sink.finalize()
+        sink.finalize(whole_file)
     finally:
         sink.close()
     created = _tree(tmp_path) - before
