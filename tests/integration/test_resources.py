@@ -4,15 +4,19 @@ peers (libtorrent exempts local peers from rate limits unless told otherwise).""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
+import re
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 
 from swarm.manifest import MANIFEST_SUFFIX, Manifest
-from tests.conftest import SIZE
+from tests.integration.test_publish_fetch import published
 from tests.integration.test_swarm import FETCH_TIMEOUT
 from tests.servers import wait_until
 from tests.swarmnet import Node, done_event
@@ -21,6 +25,8 @@ MiB = 1 << 20
 BIG = 2048 * MiB
 RSS_LIMIT = 250 * MiB
 UPLOAD_CAP = 2 * MiB
+CAP_ARTIFACT = 64 * MiB
+CAP_WINDOW = 16.0
 
 
 def rss(pid: int, field: str = "VmRSS") -> int:
@@ -77,28 +83,54 @@ def test_daemon_rss_stays_under_250_mib_on_a_2_gib_artifact(fleet, env, bucket, 
     assert digest.hexdigest() == manifest.sha256
 
 
-def test_upload_cap_holds_within_5_percent_for_lan_peers(fleet, artifact, tmp_path):
+def test_upload_cap_holds_within_5_percent_for_lan_peers(fleet, bucket, tmp_path):
+    # Its own 64 MiB artifact: 32 s at the cap, long enough for a window well inside it.
+    _src, url = published(tmp_path, bucket, CAP_ARTIFACT)
     seeder = fleet.node(0)
     fleet.start_daemon(seeder, "--upload-limit", str(UPLOAD_CAP))
-    done_event(seeder.fetch("index.db", tmp_path / "seeder.db"), FETCH_TIMEOUT)
+    done_event(seeder.fetch(url, tmp_path / "seeder.bin"), FETCH_TIMEOUT)
     leecher = fleet.node(1)
-    process = leecher.fetch("index.db", tmp_path / "leecher.db", "--source", "peers")
-    # Past the first seconds (socket buffers fill at line rate before the limiter bites),
-    # then a 6 s window.
-    wait_until(lambda: _uploaded(seeder) > 6 * MiB, 30, "the upload to settle")
-    t0, u0 = time.monotonic(), _uploaded(seeder)
-    time.sleep(6.0)  # a measurement window, not synchronisation
-    t1, u1 = time.monotonic(), _uploaded(seeder)
+    process = leecher.fetch(url, tmp_path / "leecher.bin", "--source", "peers")
+    # Past the first seconds (socket buffers fill at line rate before the limiter bites).
+    wait_until(lambda: _on_the_wire(seeder, leecher) > 6 * MiB, 30, "the upload to settle")
+    samples = _sample(lambda: _on_the_wire(seeder, leecher), CAP_WINDOW)
     still_fetching = process.poll() is None
-    rate = (u1 - u0) / (t1 - t0)
+    rate = _slope(samples)
     done_event(process, FETCH_TIMEOUT)
     assert still_fetching  # the window fell inside the transfer, not after it
-    assert u1 < SIZE
-    # The cap holds for a LAN peer (without the setting libtorrent exempts LAN peers and
-    # this runs at loopback speed). Measured over 6 s windows here: 0.95-1.07x the cap,
-    # so the issue's 5% is asserted as 10%; the lower bound shows the cap is what limits.
-    assert 0.75 * UPLOAD_CAP <= rate <= 1.10 * UPLOAD_CAP, f"{rate / MiB:.2f} MiB/s"
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(samples))  # one connection
+    # Without the setting libtorrent exempts LAN peers and this runs at loopback speed; the
+    # lower bound shows the cap is what limits. libtorrent's limiter is a token bucket that
+    # holds up to 3 s of quota, so short windows burst past the cap (6 s windows measured
+    # up to 1.12x); over this 16 s window the wire rate measured 0.98-1.00x.
+    assert 0.75 * UPLOAD_CAP <= rate <= 1.05 * UPLOAD_CAP, f"{rate / UPLOAD_CAP:.3f}x the cap"
 
 
-def _uploaded(node: Node) -> int:
-    return node.artifacts()[0]["uploaded"]
+def _on_the_wire(seeder: Node, leecher: Node) -> int:
+    """Bytes the kernel has seen the leecher acknowledge on the seeder's connections to it:
+    a counter read at the moment it is asked (the daemon's own figures are snapshots)."""
+    out = subprocess.run(
+        ["ss", "-tinH", "src", seeder.ip, "dst", leecher.ip],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    return sum(int(n) for n in re.findall(r"bytes_acked:(\d+)", out))
+
+
+def _sample(read: Callable[[], int], seconds: float) -> list[tuple[float, int]]:
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # bounded by the deadline
+        samples.append((time.monotonic(), read()))
+        time.sleep(0.1)
+    return samples
+
+
+def _slope(samples: list[tuple[float, int]]) -> float:
+    """Least-squares rate (units per second) through (time, counter) samples."""
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    return sum((t - mt) * (v - mv) for t, v in samples) / sum((t - mt) ** 2 for t, _ in samples)
