@@ -154,6 +154,20 @@ while True:
         time.sleep(0.1)
 """
 
+TRACE_FLEET = """\
+import json, sys, time, urllib.request
+url, out = sys.argv[1], open(sys.argv[2], "a")
+for _ in range(7200):  # at most an hour at 2 Hz; killed when the run ends
+    t = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            out.write(json.dumps({"t": t, "fleet": json.load(reply)}) + "\\n")
+            out.flush()
+    except OSError:
+        pass
+    time.sleep(max(0.0, 0.5 - (time.time() - t)))
+"""
+
 ARIA2_HOOK = """#!/bin/sh
 # aria2c --on-bt-download-complete: GID, number of files, path. Runs before seeding; its
 # stdout is aria2c's, which bench/fleet.py reads.
@@ -418,8 +432,9 @@ def clean_env() -> dict[str, str]:
 class Fleet:
     """The lab, the origin (S3 + coordinator), the published artifact and the runs."""
 
-    def __init__(self, config: FleetConfig, lab: Lab, work: Path) -> None:
+    def __init__(self, config: FleetConfig, lab: Lab, work: Path, keep: bool = False) -> None:
         self.config = config
+        self.keep = keep  # leave each system's node logs and files in ``work``
         self.lab = lab
         self.work = work
         self.origin = lab.host("origin", config.origin_up, config.origin_down)
@@ -434,6 +449,7 @@ class Fleet:
         self.coordinator_url = f"http://{self.origin.ip}:{COORDINATOR_PORT}"
         self.tracker_url = self.coordinator_url + "/announce"
         self.coordinator: subprocess.Popen[Any] | None = None
+        self.tracer: subprocess.Popen[Any] | None = None
         self.sha256 = ""
         self.torrent = work / "artifact.torrent"
         self.source = work / "source" / NAME
@@ -576,6 +592,11 @@ class Fleet:
             elif self.seeder_hosts:
                 notes.append("s5cmd reads S3 only: the seeders do not help it")
             drops_before = self.lab.qdisc_drops()
+            if system == "swarm" and self.keep:  # the coordinator's view, for --keep
+                trace = root / "fleet-trace.jsonl"
+                self.tracer = self.origin.popen(
+                    [sys.executable, "-c", TRACE_FLEET, self.coordinator_url + "/v1/fleet",
+                     str(trace)], env=self.env)  # fmt: skip
             started = time.monotonic()
             origin_before = self.origin.tx_bytes()
             with CpuSampler() as cpu:
@@ -599,6 +620,10 @@ class Fleet:
             all_done = max(j.seconds for j in jobs)
             origin_tx = self.origin.tx_bytes() - origin_before
         finally:
+            if self.tracer:
+                os.killpg(self.tracer.pid, signal.SIGTERM)
+                self.tracer.wait(10)
+                self.tracer = None
             self._stop_nodes(root)
             self.stop_coordinator()
         nodes = []
@@ -617,7 +642,8 @@ class Fleet:
         }
         if drops:
             notes.append(f"tbf drops (packets) during the run: {drops}")
-        shutil.rmtree(root, ignore_errors=True)
+        if not self.keep:
+            shutil.rmtree(root, ignore_errors=True)
         return SystemResult(
             system, all_done, nodes, origin_tx, config.bound(), config.size,
             cpu.average, cpu.saturated, notes,
@@ -672,7 +698,7 @@ def run_fleet(
     failures: dict[str, str] = {}
     try:
         with Lab("fl") as lab:
-            fleet = Fleet(config, lab, work)
+            fleet = Fleet(config, lab, work, keep)
             fleet.start_origin()
             for system in systems:
                 log(f"{system}: {config.nodes} nodes, {config.seeders} seeders")

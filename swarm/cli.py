@@ -352,9 +352,17 @@ def daemon(
 ) -> None:
     """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
     import asyncio
+    import gc
 
+    # Its imports (aiohttp, botocore, libtorrent: ~0.4 CPU-s) allocate objects that live
+    # as long as the process; collecting during them only re-scans them. Freeze them out
+    # of later collections too.
+    gc.disable()
     from swarm.agent.daemon import serve
     from swarm.fleetauth import install_redactor
+
+    gc.freeze()
+    gc.enable()
 
     settings = config.load(coordinator=coordinator)
     install_redactor(settings.secret)

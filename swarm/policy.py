@@ -42,6 +42,13 @@ HOLD_SECONDS = 1.0
 two consecutive reports (1 s apart), so one odd sample never switches, while a fetch of
 a few seconds still benefits. The EMA (``EMA_TAU``) already smooths each input."""
 
+FILL_RATIO = 2.0
+"""Once every piece has left the origin, a node may add one S3 GET at a time to its peer
+downloads (*fill*, see :func:`may_fill`) while its swarm rate is below this multiple of
+what one S3 reader gets. Where S3 is far slower (the origin is the bottleneck: 8 readers
+share 100 Mbit while peers give 200), one more flow only takes origin bandwidth from the
+last stripes."""
+
 MIN_S3_ESTIMATE = 64 * 1024
 """Below this many bytes/s, an S3 estimate is noise (a node that has read one range);
 no widening is decided on it."""
@@ -66,6 +73,14 @@ def rate(previous_bytes: int, current_bytes: int, dt: float) -> float:
     if dt <= 0 or current_bytes < previous_bytes:
         return 0.0
     return (current_bytes - previous_bytes) / dt
+
+
+def may_fill(peers_rate: float, s3_estimate: float | None) -> bool:
+    """Whether a node whose stripes are done should also read rare pieces from S3, one
+    GET at a time: S3 delivers a useful share next to its peers (``FILL_RATIO``)."""
+    if s3_estimate is None or s3_estimate < MIN_S3_ESTIMATE:
+        return False
+    return peers_rate < FILL_RATIO * s3_estimate
 
 
 class Mode(StrEnum):

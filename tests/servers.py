@@ -76,7 +76,9 @@ class Faults:
     reset_every: int = 0
     """Close the connection mid-body on every Nth ranged GET (0 = never)."""
     throttle_bps: int = 0
-    """Pace response bodies to this many bytes per second (0 = unlimited)."""
+    """Pace response bodies, all connections together, to this many bytes per second: a
+    slow origin, however many GETs a client keeps in flight (0 = unlimited)."""
+    paced_until: float = 0.0
     requests: int = 0
     corrupted: int = 0
     failed: int = 0
@@ -165,7 +167,6 @@ class FaultProxy:
             conn.close()
             return
         sent = 0
-        started = time.monotonic()
         while chunk := resp.read(64 * 1024):
             if corrupt and sent == 0:
                 chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
@@ -177,7 +178,10 @@ class FaultProxy:
             handler.wfile.write(chunk)
             sent += len(chunk)
             if f.throttle_bps:
-                ahead = sent / f.throttle_bps - (time.monotonic() - started)
+                with f.lock:
+                    now = time.monotonic()
+                    f.paced_until = max(f.paced_until, now) + len(chunk) / f.throttle_bps
+                    ahead = f.paced_until - now
                 if ahead > 0:
                     time.sleep(ahead)  # pacing, not synchronisation
         conn.close()

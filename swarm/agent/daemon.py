@@ -21,6 +21,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import secrets
 import signal
@@ -41,6 +42,7 @@ from swarm.agent.hybrid import (
     LocalOriginPolicy,
     TorrentSink,
     bitfield,
+    fill_pieces,
     stripe_offset,
     wide_pieces,
 )
@@ -69,6 +71,24 @@ again after each batch, so pieces that arrive from peers meanwhile are not read 
 
 WIDE_RANGE = 4 << 20
 """Range size of WIDE-mode reads (see ``_read_origin``)."""
+
+STRIPE_RANGE = 1 << 20
+"""Range size of stripe reads (rounded up to a piece): a stripe is a few MiB, read as
+several GETs in flight. Each is a TCP flow, and a node's downlink is shared per flow with
+its peer connections, so one 16 MiB GET got an eighth of the link against 7 peers."""
+
+FILL_PIECES = 1
+"""Pieces per *fill* read. Once every piece has left the origin and S3 would add a useful
+share (the plan's ``fill``, :func:`swarm.policy.may_fill`), a node with no stripe reads
+one rare missing piece at a time from S3, not in flight from a peer: one more TCP flow
+on its downlink. While the swarm fills the link that flow gets a flow's share (an eighth
+against 7 peers); when the swarm is slower (slow uploads, a stalled tail) it takes the
+slack. Measured (bench/fleet.py, swarm-bound at 50 Mbit): without it, nodes stayed at
+two thirds of their link in the peer phase while the origin sat idle."""
+
+IN_FLIGHT_TTL = 1.0
+"""Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
+piece, which libtorrent drops)."""
 
 PLAN_TTL = 3.0
 """A coordinator plan older than this (three missed reports) is stale: the node decides
@@ -234,11 +254,18 @@ class Daemon:
         when the swarm is too slow (WIDE), or, without a fresh plan, the local choice."""
         manifest, sink = artifact.manifest, artifact.sink
         state = self.session.torrents[manifest.info_hash]
-        stripe_source = S3Source(client, manifest, sink, artifact.cancel, S3SourceConfig())
+        stripe_source = S3Source(
+            client, manifest, sink, artifact.cancel, S3SourceConfig(range_size=STRIPE_RANGE)
+        )
         # WIDE reads everything it may, in small ranges many at a time: pieces that arrive
         # from peers meanwhile are skipped range by range, and the link fills at once.
         wide_source = S3Source(
             client, manifest, sink, artifact.cancel, S3SourceConfig(range_size=WIDE_RANGE)
+        )
+        # Fill: once every piece has left the origin, one GET at a time of a rare piece
+        # (see FILL_PIECES).
+        fill_source = S3Source(
+            client, manifest, sink, artifact.cancel, S3SourceConfig(1, manifest.piece_size)
         )
         batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
         local = LocalOriginPolicy(stripe_offset(self.node_id, manifest.layout.count))
@@ -249,47 +276,51 @@ class Daemon:
             artifact.plan_updated.wait(PLAN_TTL)
         elif not s3_only and state.finished.wait(ORIGIN_GRACE):
             return
+        handle = state.handle
+        in_flight = InFlight(handle)
         while not sink.complete() and not artifact.cancel.is_set():
-            handle = state.handle
             missing = sink.missing()
             status = state.status
             peers_rate = float(status.download_payload_rate) if status is not None else 0.0
             now = time.monotonic()
             plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
-            wide = False
+            wide = fill = False
             if s3_only:
                 batch = missing  # all of it, at full speed
+            elif plan is not None and plan["mode"] != Mode.WIDE:
+                batch = [p for p in plan["stripe"] if not sink.have(p)]
+                if not batch and plan.get("fill"):
+                    batch = fill_pieces(
+                        missing, handle.piece_availability(), in_flight(), local.offset,
+                        FILL_PIECES,
+                    )  # fmt: skip
+                    fill = True
+            elif plan is not None:
+                batch = wide_pieces(missing, handle.piece_availability(), in_flight(), len(missing))
+                wide = True
             else:
-                in_flight = {p["piece_index"] for p in handle.get_download_queue()}
-                if plan is not None:
-                    if plan["mode"] == Mode.WIDE:
-                        availability = handle.piece_availability()
-                        batch = wide_pieces(missing, availability, in_flight, len(missing))
-                        wide = True
-                    else:
-                        batch = [p for p in plan["stripe"] if not sink.have(p)]
-                else:
-                    s3_bytes = sink.bytes_by_source.get("s3", 0)
-                    batch = local.choose(
-                        missing,
-                        handle.piece_availability(),
-                        in_flight,
-                        batch_pieces,
-                        piece_size=manifest.piece_size,
-                        peers_rate=peers_rate,
-                        s3_bytes=s3_bytes,
-                        now=now,
-                    )
-                    wide = local.state.mode is Mode.WIDE
+                s3_bytes = sink.bytes_by_source.get("s3", 0)
+                batch = local.choose(
+                    missing,
+                    handle.piece_availability(),
+                    in_flight(),
+                    batch_pieces,
+                    piece_size=manifest.piece_size,
+                    peers_rate=peers_rate,
+                    s3_bytes=s3_bytes,
+                    now=now,
+                )
+                wide = local.state.mode is Mode.WIDE
             if not batch:
                 artifact.plan_updated.clear()
                 artifact.plan_updated.wait(0.25)
                 continue
             try:
                 artifact.plan_updated.clear()
-                (wide_source if wide else stripe_source).fetch(batch)
+                source = wide_source if wide else fill_source if fill else stripe_source
+                source.fetch(batch)
                 artifact.s3_error = None
-                if plan is not None:  # report the finished stripe now, for the next one
+                if plan is not None and not fill:  # report the finished stripe, for the next
                     self.wake_reporter()
                     artifact.plan_updated.wait(0.5)
             except Cancelled:
@@ -584,6 +615,24 @@ async def asg_loop(daemon: Daemon, group: str, port: int) -> None:
         except SwarmError as error:
             log.warning("%s", error)
         await asyncio.sleep(REFRESH_SECONDS)
+
+
+class InFlight:
+    """Pieces partly downloaded from peers, asked of libtorrent at most every
+    ``IN_FLIGHT_TTL`` seconds: ``get_download_queue`` lists every block in flight as
+    Python dicts, and asked for each fill read it took most of a daemon's CPU."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._pieces: set[int] = set()
+        self._at = -math.inf
+
+    def __call__(self) -> set[int]:
+        now = time.monotonic()
+        if now - self._at >= IN_FLIGHT_TTL:
+            self._pieces = {p["piece_index"] for p in self.handle.get_download_queue()}
+            self._at = now
+        return self._pieces
 
 
 async def serve(

@@ -31,22 +31,24 @@ class TorrentSink:
         self.session = session
         self.manifest = manifest
         self.info_hash = manifest.info_hash
-        self.handle = session.torrents[self.info_hash].handle
+        self.state = session.torrents[self.info_hash]
+        self.handle = self.state.handle
         self._lock = threading.Lock()
         self.bytes_by_source: dict[str, int] = {}
         self.hash_failures = 0
 
     def have(self, index: int) -> bool:
-        return bool(self.handle.have_piece(index))
+        return self.state.has(index)
 
     def complete(self) -> bool:
         return self.session.torrents[self.info_hash].finished.is_set()
 
     def missing(self) -> list[int]:
-        status = self.session.torrents[self.info_hash].status
-        if status is None:
-            return [i for i in range(self.manifest.layout.count) if not self.have(i)]
-        return [i for i, held in enumerate(status.pieces) if not held]
+        """Pieces not held, as of libtorrent's last alert (a status snapshot may be 0.5 s
+        old: a reader choosing from it picked pieces it already had, skipped them at once
+        and chose again, spinning until the next snapshot)."""
+        held = self.state.held
+        return [i for i in range(self.manifest.layout.count) if i not in held]
 
     def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
         """Hand the piece to libtorrent, which checks its SHA-1 before keeping it (one hash
@@ -122,6 +124,25 @@ def wide_pieces(
         if i not in in_flight_from_peers and i < count and availability[i] > 0
     ]
     return chosen[:limit]
+
+
+def fill_pieces(
+    missing: Sequence[int],
+    availability: Sequence[int],
+    in_flight_from_peers: set[int],
+    offset: int,
+    limit: int = 1,
+) -> list[int]:
+    """Fill reads: the rarest missing pieces that peers hold and are not already on their
+    way from one (a piece nobody holds belongs to a stripe). Rarest, because the node can
+    then serve it to others too; ties start at the node's ``offset`` so that nodes filling
+    at once pick different pieces."""
+    count = len(availability)
+    candidates = [
+        i for i in missing if i not in in_flight_from_peers and i < count and availability[i] > 0
+    ]
+    candidates.sort(key=lambda i: (availability[i], (i - offset) % max(count, 1)))
+    return candidates[:limit]
 
 
 class LocalOriginPolicy:

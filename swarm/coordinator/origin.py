@@ -24,16 +24,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Final
 
-from swarm.policy import MixState, Mode, decide, ema, rate
+from swarm.policy import MixState, Mode, decide, ema, may_fill, rate
 
-STRIPE_BYTES: Final = 16 << 20
-"""Origin work outstanding per node before its rate is known: one 16 MiB ranged GET (the
-top of AWS's 8-16 MiB advice). Small enough that the first nodes of a scale-out do not
-take the whole object between them; ``STRIPE_SECONDS`` grows it for fast readers."""
+STRIPE_BYTES: Final = 4 << 20
+"""Origin work outstanding per node before its rate is known. Small, so that the first
+nodes of a scale-out do not take the whole object between them (16 MiB stripes gave a
+64 MiB artifact to 4 of 8 nodes, and each read it at a fraction of its link);
+``STRIPE_SECONDS`` grows it for fast readers."""
 
 STRIPE_SECONDS: Final = 2.0
-"""A fast reader's stripe holds at least this many seconds of its S3 rate, so a lone node
-on a fast origin keeps many ranges in flight instead of waiting on reports."""
+"""A fast reader's stripe holds at least this many seconds of its S3 rate, so it keeps
+several ranges in flight instead of waiting on reports."""
 
 STALL_SECONDS: Final = 6.0
 """A stripe with no finished piece for this long is handed to others (a stuck GET
@@ -142,9 +143,18 @@ class OriginPlan:
     stripe: list[int]
     mode: Mode
     s3_estimate: float | None
+    fill: bool = False
+    """Every piece has left the origin (it is held, or on its way in someone's stripe)
+    and S3 would add a useful share to this node's peer downloads
+    (:func:`swarm.policy.may_fill`): it may read rare pieces one GET at a time."""
 
     def to_json(self) -> dict[str, object]:
-        return {"stripe": self.stripe, "mode": self.mode.value, "s3_estimate": self.s3_estimate}
+        return {
+            "stripe": self.stripe,
+            "mode": self.mode.value,
+            "s3_estimate": self.s3_estimate,
+            "fill": self.fill,
+        }
 
 
 class StripePlanner:
@@ -214,9 +224,10 @@ class StripePlanner:
         else:
             art.wide_readers.discard(node)
 
+        fill = may_fill(rates.down.get("peers", 0.0), estimate)
         mine = [p for p, n in art.assigned.items() if n == node]
         if not mine and node not in art.readers() and len(art.readers()) >= self.max_readers:
-            return OriginPlan([], state.mode, estimate)
+            return OriginPlan([], state.mode, estimate, fill and self._spread(art, union))
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = max(1, int(size // piece_size)) - len(mine)
         if want > 0:
@@ -229,7 +240,8 @@ class StripePlanner:
                     want -= 1
             if node not in art.progress_at or not before:
                 art.progress_at[node] = now
-        return OriginPlan(sorted(mine), state.mode, estimate)
+        spread = self._spread(art, union)
+        return OriginPlan(sorted(mine), state.mode, estimate, fill and spread)
 
     def prune(self, alive: set[str]) -> None:
         """Forget nodes that stopped reporting: their stripes go back to the pool."""
@@ -240,6 +252,11 @@ class StripePlanner:
                 art.modes.pop(node, None)
                 art.wide_readers.discard(node)
         self.rates.forget(alive)
+
+    @staticmethod
+    def _spread(art: _Artifact, union: int) -> bool:
+        """No piece is left to stripe: each is held somewhere or being read by a node."""
+        return all(union >> p & 1 or p in art.assigned for p in range(art.count))
 
     def _release(self, art: _Artifact, node: str) -> None:
         for piece in [p for p, n in art.assigned.items() if n == node]:

@@ -143,6 +143,13 @@ class TorrentState:
     peers_banned: int = 0
     """Peers banned for sending bad data (libtorrent's smart_ban finds the culprit)."""
     resume_saved: threading.Event = field(default_factory=threading.Event)
+    held: set[int] = field(default_factory=set)
+    """Pieces libtorrent holds, from its alerts (``piece_finished_alert``, and each status
+    update): asking the handle (``have_piece``) is a round trip to libtorrent's network
+    thread, and the S3 and UDP sources ask it for every piece they consider."""
+
+    def has(self, index: int) -> bool:
+        return index in self.held
 
 
 class TorrentSession:
@@ -218,7 +225,7 @@ class TorrentSession:
         state = self.torrents[info_hash]
         future: Future[bool] = Future()
         with self._lock:
-            if state.handle.have_piece(index):
+            if state.has(index):
                 return True
             state.pending[index] = future
         state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
@@ -294,12 +301,16 @@ class TorrentSession:
                 state = self._state_of(status.handle)
                 if state:
                     state.status = status
+                    if len(state.held) < status.num_pieces:
+                        state.held.update(i for i, held in enumerate(status.pieces) if held)
                     if status.is_seeding:  # also covers a torrent restored complete
                         self._finishing(state)
             return
         if isinstance(alert, lt.piece_finished_alert | lt.hash_failed_alert):
             state = self._state_of(alert.handle)
             if state:
+                if isinstance(alert, lt.piece_finished_alert):
+                    state.held.add(alert.piece_index)
                 with self._lock:
                     future = state.pending.get(alert.piece_index)
                 if future and not future.done():

@@ -6,9 +6,15 @@ import math
 
 import pytest
 
-from swarm.agent.hybrid import LocalOriginPolicy, bitfield, origin_pieces, wide_pieces
+from swarm.agent.hybrid import (
+    LocalOriginPolicy,
+    bitfield,
+    fill_pieces,
+    origin_pieces,
+    wide_pieces,
+)
 from swarm.coordinator.origin import StripePlanner, bits
-from swarm.policy import HOLD_SECONDS, MixState, Mode, decide, ema, rate
+from swarm.policy import HOLD_SECONDS, MixState, Mode, decide, ema, may_fill, rate
 
 MiB = 1 << 20
 
@@ -70,7 +76,7 @@ def test_bitfield_round_trip_through_coordinator_bits():
     assert [bool(value >> i & 1) for i in range(len(pieces))] == pieces
 
 
-def _plan(planner, node, held=0, now=0.0, complete=False, count=64, s3=0):
+def _plan(planner, node, held=0, now=0.0, complete=False, count=64, s3=0, peers=0):
     return planner.plan(
         node,
         "ab" * 20,
@@ -78,7 +84,7 @@ def _plan(planner, node, held=0, now=0.0, complete=False, count=64, s3=0):
         count=count,
         held=held,
         complete=complete,
-        counters={"s3": s3, "peers": 0},
+        counters={"s3": s3, "peers": peers},
         up_rate=0.0,
         now=now,
     )
@@ -153,3 +159,44 @@ def test_a_slow_swarm_widens_after_the_stripes_are_done():
     # condition held over two reports), not at once
     assert b.mode is Mode.STRIPE
     assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB).mode is Mode.WIDE
+
+
+def test_default_stripes_share_the_object_among_a_scale_out():
+    """The first stripes are small: 8 nodes starting together on a 64-piece artifact
+    all get origin work (16 MiB stripes gave it all to the first 4)."""
+    planner = StripePlanner()
+    plans = [_plan(planner, f"n{i}", now=0.0) for i in range(8)]
+    assert all(p.stripe for p in plans)
+    assert sum(len(p.stripe) for p in plans) <= 64
+
+
+def test_fill_once_every_piece_has_left_the_origin_and_s3_is_worth_it():
+    planner = StripePlanner(stripe_bytes=32 * MiB)
+    a = _plan(planner, "a", now=0.0)
+    b = _plan(planner, "b", now=0.0)
+    assert not a.fill  # half the object was nobody's yet
+    # a read its half at 32 MiB/s and its peers give it nothing: once nothing is left to
+    # stripe (b still reads the other half), a may fill from S3
+    a2 = _plan(planner, "a", held=(1 << 32) - 1, now=1.0, s3=32 * MiB)
+    assert a2.fill and set(b.stripe) == set(range(32, 64))
+    # the same node when its peers give it far more than S3 gave a reader: no fill
+    planner2 = StripePlanner(stripe_bytes=32 * MiB)
+    _plan(planner2, "a", now=0.0)
+    _plan(planner2, "b", now=0.0)
+    _plan(planner2, "a", held=(1 << 32) - 1, now=1.0, s3=MiB)
+    assert not _plan(planner2, "a", held=(1 << 32) - 1, now=2.0, s3=MiB, peers=200 * MiB).fill
+
+
+def test_may_fill():
+    assert may_fill(1.0 * MiB, 1.0 * MiB) and not may_fill(3.0 * MiB, 1.0 * MiB)
+    assert not may_fill(0.0, None) and not may_fill(0.0, 1.0)  # unknown or noise
+
+
+def test_fill_pieces_are_rare_held_by_peers_and_not_in_flight():
+    missing = list(range(8))
+    availability = [0, 3, 1, 2, 1, 1, 0, 2]
+    # piece 0 and 6: nobody holds them (a stripe's job); 4 is in flight from a peer
+    assert fill_pieces(missing, availability, {4}, offset=0, limit=8) == [2, 5, 3, 7, 1]
+    # ties between equally rare pieces start at the node's offset
+    assert fill_pieces(missing, availability, set(), offset=5, limit=2) == [5, 2]
+    assert fill_pieces([0, 6], availability, set(), offset=0) == []
