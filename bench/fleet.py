@@ -755,7 +755,8 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
             shares = ", ".join(f"{k} {v / (r.size * len(r.nodes)):.0%}" for k, v in total.items())
             lines.append(f"  swarm bytes by source (share of N*F): {shares}")
     for system, why in failures.items():
-        lines.append(f"{system:<11} FAILED: {why.splitlines()[0]}")
+        # the header and the failing job's own reason (its log tails are in the run's log)
+        lines.append(f"{system:<11} FAILED: {' '.join(why.splitlines()[:2])}")
     lines.append(
         "cpu avg: mean machine CPU use during the run (2 cores); cpu sat: share of 1-s "
         "samples >= 95% busy"
@@ -797,6 +798,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     parser.add_argument("--origin-up", type=float, help="origin upload u_s, Mbit/s (100)")
     parser.add_argument("--seeders", type=int, help="pre-existing complete instances k (0)")
     parser.add_argument("--seeder-up", type=float, help="a seeder's upload, Mbit/s (node-up)")
+    parser.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="multiply every link rate (after the preset and flags): 0.25 runs a scenario "
+        "at a quarter of its rates, so that on a small machine the network, not the CPU, "
+        "limits every system (1)",
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma list")
     parser.add_argument("--s3", choices=("minio", "moto"), help="S3 server (minio if built)")
     parser.add_argument(
@@ -812,6 +821,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     for key in DEFAULTS:
         if getattr(args, key, None) is not None:
             values[key] = getattr(args, key)
+    if args.rate_scale <= 0:
+        parser.error("--rate-scale must be positive")
+    for key in ("node_up", "node_down", "origin_up", "origin_down", "seeder_up"):
+        if values.get(key) is not None:
+            values[key] = values[key] * args.rate_scale
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:

@@ -75,6 +75,22 @@ def rate(previous_bytes: int, current_bytes: int, dt: float) -> float:
     return (current_bytes - previous_bytes) / dt
 
 
+S3_ESTIMATE_HALF_LIFE = 10.0
+"""Seconds in which a remembered per-reader S3 rate loses half its weight against a lower
+current one (:func:`s3_capacity`)."""
+
+
+def s3_capacity(previous: float | None, current: float | None, dt: float) -> float | None:
+    """What S3 can give one reader: the current per-reader rate, or the earlier estimate
+    decayed (half every ``S3_ESTIMATE_HALF_LIFE`` s) if that is higher. Readers slow down
+    near the end of a fetch for lack of pieces, not of S3 capacity; taking their rate as
+    is narrowed WIDE nodes at 90% and left the last tenth to slow peers."""
+    if previous is None:
+        return current
+    decayed = previous * 0.5 ** (max(dt, 0.0) / S3_ESTIMATE_HALF_LIFE)
+    return decayed if current is None else max(current, decayed)
+
+
 def may_fill(peers_rate: float, s3_estimate: float | None) -> bool:
     """Whether a node whose stripes are done should also read rare pieces from S3, one
     GET at a time: S3 delivers a useful share next to its peers (``FILL_RATIO``)."""

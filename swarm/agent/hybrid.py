@@ -114,15 +114,16 @@ def wide_pieces(
     in_flight_from_peers: set[int],
     limit: int,
 ) -> list[int]:
-    """WIDE mode: missing pieces that peers hold (but deliver too slowly) and that are not
-    already on their way from one, from the end of the file backwards, so S3 and the
-    swarm meet in the middle. Pieces nobody holds are left to their stripes."""
+    """WIDE mode: missing pieces that peers hold but deliver too slowly, from the end of
+    the file backwards; those already on their way from a peer come last, yet they come:
+    a slow peer's piece would otherwise be the tail of the fetch (measured in the
+    slow-uploads benchmark: the last tenth took a third of the time). libtorrent drops a
+    peer's partial piece once S3's copy passes its hash. Pieces nobody holds are left to
+    their stripes."""
     count = len(availability)
-    chosen = [
-        i
-        for i in reversed(missing)
-        if i not in in_flight_from_peers and i < count and availability[i] > 0
-    ]
+    held_by_peers = [i for i in reversed(missing) if i < count and availability[i] > 0]
+    chosen = [i for i in held_by_peers if i not in in_flight_from_peers]
+    chosen += [i for i in held_by_peers if i in in_flight_from_peers]
     return chosen[:limit]
 
 
@@ -133,15 +134,16 @@ def fill_pieces(
     offset: int,
     limit: int = 1,
 ) -> list[int]:
-    """Fill reads: the rarest missing pieces that peers hold and are not already on their
-    way from one (a piece nobody holds belongs to a stripe). Rarest, because the node can
-    then serve it to others too; ties start at the node's ``offset`` so that nodes filling
-    at once pick different pieces."""
+    """Fill reads: the rarest missing pieces that peers hold (a piece nobody holds belongs
+    to a stripe). Rarest, because the node can then serve it to others too; ties start at
+    the node's ``offset`` so that nodes filling at once pick different pieces. Pieces on
+    their way from a peer come last, yet they come: when only those are left, a slow
+    peer would otherwise hold the fetch's tail (one read at a time bounds the waste)."""
     count = len(availability)
-    candidates = [
-        i for i in missing if i not in in_flight_from_peers and i < count and availability[i] > 0
-    ]
-    candidates.sort(key=lambda i: (availability[i], (i - offset) % max(count, 1)))
+    candidates = [i for i in missing if i < count and availability[i] > 0]
+    candidates.sort(
+        key=lambda i: (i in in_flight_from_peers, availability[i], (i - offset) % max(count, 1))
+    )
     return candidates[:limit]
 
 

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Final
 
-from swarm.policy import MixState, Mode, decide, ema, may_fill, rate
+from swarm.policy import MixState, Mode, decide, ema, may_fill, rate, s3_capacity
 
 STRIPE_BYTES: Final = 4 << 20
 """Origin work outstanding per node before its rate is known. Small, so that the first
@@ -123,8 +123,10 @@ class _Artifact:
     modes: dict[str, MixState] = field(default_factory=dict)
     wide_readers: set[str] = field(default_factory=set)
     s3_estimate: float | None = None
-    """The last per-reader S3 rate seen: kept when nobody reads the origin any more (every
-    piece is held somewhere), which is exactly when a slow swarm should widen to S3."""
+    """What S3 gives one reader (:func:`swarm.policy.s3_capacity`): kept, slowly decaying,
+    when nobody reads the origin any more (every piece is held somewhere), which is
+    exactly when a slow swarm should widen to S3."""
+    estimated_at: float | None = None
 
     def held_any(self) -> int:
         union = 0
@@ -211,8 +213,9 @@ class StripePlanner:
             return OriginPlan([], Mode.STRIPE, None)
 
         current = self.rates.s3_per_reader(info_hash, readers_before | art.readers())
-        if current is not None:
-            art.s3_estimate = current
+        dt = now - art.estimated_at if art.estimated_at is not None else 0.0
+        art.s3_estimate = s3_capacity(art.s3_estimate, current, dt)
+        art.estimated_at = now
         estimate = art.s3_estimate
         backlog = (union & ~held).bit_count() * piece_size
         state = decide(

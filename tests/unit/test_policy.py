@@ -14,7 +14,16 @@ from swarm.agent.hybrid import (
     wide_pieces,
 )
 from swarm.coordinator.origin import StripePlanner, bits
-from swarm.policy import HOLD_SECONDS, MixState, Mode, decide, ema, may_fill, rate
+from swarm.policy import (
+    HOLD_SECONDS,
+    MixState,
+    Mode,
+    decide,
+    ema,
+    may_fill,
+    rate,
+    s3_capacity,
+)
 
 MiB = 1 << 20
 
@@ -136,7 +145,9 @@ def test_local_policy_choices():
     missing = list(range(10))
     availability = [0, 0, 1, 1, 0, 0, 0, 0, 2, 0]
     assert origin_pieces(missing, availability, {0}, offset=5, limit=3) == [5, 6, 7]
-    assert wide_pieces(missing, availability, {3}, limit=5) == [8, 2]
+    # 3 is on its way from a peer: last, yet taken (a slow peer must not be the tail)
+    assert wide_pieces(missing, availability, {3}, limit=5) == [8, 2, 3]
+    assert wide_pieces(missing, availability, {3}, limit=2) == [8, 2]
     local = LocalOriginPolicy(offset=0)
     got = local.choose(
         missing, availability, set(), 4, piece_size=MiB, peers_rate=0.0, s3_bytes=0, now=0.0
@@ -195,8 +206,16 @@ def test_may_fill():
 def test_fill_pieces_are_rare_held_by_peers_and_not_in_flight():
     missing = list(range(8))
     availability = [0, 3, 1, 2, 1, 1, 0, 2]
-    # piece 0 and 6: nobody holds them (a stripe's job); 4 is in flight from a peer
-    assert fill_pieces(missing, availability, {4}, offset=0, limit=8) == [2, 5, 3, 7, 1]
+    # piece 0 and 6: nobody holds them (a stripe's job); 4 is in flight from a peer: last
+    assert fill_pieces(missing, availability, {4}, offset=0, limit=8) == [2, 5, 3, 7, 1, 4]
     # ties between equally rare pieces start at the node's offset
     assert fill_pieces(missing, availability, set(), offset=5, limit=2) == [5, 2]
     assert fill_pieces([0, 6], availability, set(), offset=0) == []
+
+
+def test_s3_capacity_holds_a_higher_rate_and_lets_it_decay():
+    assert s3_capacity(None, 5.0, 1.0) == 5.0 and s3_capacity(None, None, 1.0) is None
+    assert s3_capacity(10.0, 20.0, 1.0) == 20.0  # a higher current rate wins at once
+    # readers slowing at the end of a fetch: the estimate halves every 10 s, no faster
+    assert s3_capacity(16.0, 1.0, 10.0) == pytest.approx(8.0)
+    assert s3_capacity(16.0, None, 20.0) == pytest.approx(4.0)
