@@ -295,8 +295,11 @@ class Daemon:
                         FILL_PIECES,
                     )  # fmt: skip
                     fill = True
-            elif plan is not None:
-                batch = wide_pieces(missing, handle.piece_availability(), in_flight(), len(missing))
+            elif plan is not None:  # WIDE: its stripe, then what peers are slow to give
+                stripe = [p for p in plan["stripe"] if not sink.have(p)]
+                slow = wide_pieces(missing, handle.piece_availability(), in_flight(), len(missing))
+                taken = set(stripe)
+                batch = stripe + [p for p in slow if p not in taken]
                 wide = True
             else:
                 s3_bytes = sink.bytes_by_source.get("s3", 0)

@@ -114,17 +114,20 @@ def wide_pieces(
     in_flight_from_peers: set[int],
     limit: int,
 ) -> list[int]:
-    """WIDE mode: missing pieces that peers hold but deliver too slowly, from the end of
-    the file backwards; those already on their way from a peer come last, yet they come:
-    a slow peer's piece would otherwise be the tail of the fetch (measured in the
-    slow-uploads benchmark: the last tenth took a third of the time). libtorrent drops a
-    peer's partial piece once S3's copy passes its hash. Pieces nobody holds are left to
-    their stripes."""
+    """WIDE mode: the swarm is too slow, so read every missing piece from S3, from the end
+    of the file backwards, in this order: pieces peers hold (they will not come sooner),
+    pieces nobody holds yet (waiting for another node's stripe to spread them is what made
+    WIDE readers idle half the time in the slow-uploads benchmark), and last the pieces
+    already on their way from a peer (otherwise a slow peer holds the fetch's tail;
+    libtorrent drops the peer's partial piece once S3's copy passes its hash)."""
     count = len(availability)
-    held_by_peers = [i for i in reversed(missing) if i < count and availability[i] > 0]
-    chosen = [i for i in held_by_peers if i not in in_flight_from_peers]
-    chosen += [i for i in held_by_peers if i in in_flight_from_peers]
-    return chosen[:limit]
+
+    def order(i: int) -> int:
+        if i in in_flight_from_peers:
+            return 2
+        return 0 if i < count and availability[i] > 0 else 1
+
+    return sorted(reversed(missing), key=order)[:limit]
 
 
 def fill_pieces(
@@ -183,6 +186,9 @@ class LocalOriginPolicy:
         count = len(availability)
         backlog = sum(1 for i in missing if i < count and availability[i] > 0) * piece_size
         self.state = decide(self.state, peers_rate, self.s3_rate, backlog, now)
-        if self.state.mode is Mode.WIDE:  # everything peers are slow to give, no batch limit
-            return wide_pieces(missing, availability, in_flight_from_peers, len(missing))
-        return origin_pieces(missing, availability, in_flight_from_peers, self.offset, limit)
+        stripe = origin_pieces(missing, availability, in_flight_from_peers, self.offset, limit)
+        if self.state.mode is Mode.WIDE:  # and everything peers are slow to give
+            slow = wide_pieces(missing, availability, in_flight_from_peers, len(missing))
+            taken = set(stripe)
+            return stripe + [p for p in slow if p not in taken]
+        return stripe

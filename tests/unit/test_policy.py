@@ -145,8 +145,9 @@ def test_local_policy_choices():
     missing = list(range(10))
     availability = [0, 0, 1, 1, 0, 0, 0, 0, 2, 0]
     assert origin_pieces(missing, availability, {0}, offset=5, limit=3) == [5, 6, 7]
-    # 3 is on its way from a peer: last, yet taken (a slow peer must not be the tail)
-    assert wide_pieces(missing, availability, {3}, limit=5) == [8, 2, 3]
+    # held by peers first, then nobody's yet, and 3 (on its way from a peer) last, yet
+    # taken: a slow peer must not be the tail
+    assert wide_pieces(missing, availability, {3}, limit=10) == [8, 2, 9, 7, 6, 5, 4, 1, 0, 3]
     assert wide_pieces(missing, availability, {3}, limit=2) == [8, 2]
     local = LocalOriginPolicy(offset=0)
     got = local.choose(
