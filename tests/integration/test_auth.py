@@ -116,9 +116,10 @@ def stranger_bytes(nodes: list, torrent: Path, tmp_path: Path, seconds: float) -
             "enable_incoming_utp": False,
         }
     )
-    handle = session.add_torrent(
-        {"ti": lt.torrent_info(str(torrent)), "save_path": str(tmp_path / "stranger")}
-    )
+    params = lt.add_torrent_params()
+    params.ti = lt.torrent_info(str(torrent))
+    params.save_path = str(tmp_path / "stranger")
+    handle = session.add_torrent(params)
     for node in nodes:
         handle.connect_peer((node.ip, 6881))
     deadline = time.monotonic() + seconds
