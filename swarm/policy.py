@@ -8,8 +8,12 @@ Modes of a node's origin (S3) reads:
 
 - ``STRIPE``: read only the pieces striped to this node (pieces nobody holds yet), so
   each piece leaves S3 about once and the swarm spreads it. The default.
-- ``WIDE``: also read pieces the swarm holds but delivers to this node markedly slower
-  than S3 would (slow peer uploads).
+- ``WIDE``: read every missing piece from S3, because the swarm delivers to this node
+  markedly slower than S3 would (slow peer uploads).
+
+Between the two, once every piece has left the origin, a STRIPE node may *fill*: read
+one rare piece at a time from S3 next to its peers (:func:`may_fill`), so that an idle
+origin helps a swarm that does not fill the node's link.
 
 A slow swarm rate alone does not widen: when the swarm holds little that this node lacks
 (at the start, or when the origin is the bottleneck and pieces leave S3 no faster than

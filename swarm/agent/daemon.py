@@ -72,10 +72,12 @@ again after each batch, so pieces that arrive from peers meanwhile are not read 
 WIDE_RANGE = 4 << 20
 """Range size of WIDE-mode reads (see ``_read_origin``)."""
 
-STRIPE_RANGE = 1 << 20
-"""Range size of stripe reads (rounded up to a piece): a stripe is a few MiB, read as
-several GETs in flight. Each is a TCP flow, and a node's downlink is shared per flow with
-its peer connections, so one 16 MiB GET got an eighth of the link against 7 peers."""
+STRIPE_RANGE = 4 << 20
+"""Range size of stripe reads (rounded to whole pieces): a stripe is read as several GETs
+in flight. Each is a TCP flow, and a node's downlink is shared per flow with its peer
+connections (one 16 MiB GET got an eighth of the link against 7 peers). Not smaller:
+every GET costs a first-byte latency on S3 (tens of ms; AWS advises 8-16 MiB ranges),
+and 1 MiB ranges made the demo on moto, which costs ~0.2 s per GET, take 47 s, not 18."""
 
 FILL_PIECES = 1
 """Pieces per *fill* read. Once every piece has left the origin and S3 would add a useful

@@ -26,10 +26,10 @@ from typing import Final
 
 from swarm.policy import MixState, Mode, decide, ema, may_fill, rate, s3_capacity
 
-STRIPE_BYTES: Final = 4 << 20
-"""Origin work outstanding per node before its rate is known. Small, so that the first
-nodes of a scale-out do not take the whole object between them (16 MiB stripes gave a
-64 MiB artifact to 4 of 8 nodes, and each read it at a fraction of its link);
+STRIPE_BYTES: Final = 8 << 20
+"""Origin work outstanding per node before its rate is known: two 4 MiB GETs. Small, so
+that the first nodes of a scale-out do not take the whole object between them (16 MiB
+stripes gave a 64 MiB artifact to 4 of 8 nodes, each reading it with one GET);
 ``STRIPE_SECONDS`` grows it for fast readers."""
 
 STRIPE_SECONDS: Final = 2.0
