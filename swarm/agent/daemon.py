@@ -82,11 +82,11 @@ and 1 MiB ranges made the demo on moto, which costs ~0.2 s per GET, take 47 s, n
 FILL_PIECES = 1
 """Pieces per *fill* read. Once every piece has left the origin and S3 would add a useful
 share (the plan's ``fill``, :func:`swarm.policy.may_fill`), a node with no stripe reads
-one rare missing piece at a time from S3, not in flight from a peer: one more TCP flow
-on its downlink. While the swarm fills the link that flow gets a flow's share (an eighth
-against 7 peers); when the swarm is slower (slow uploads, a stalled tail) it takes the
-slack. Measured (bench/fleet.py, swarm-bound at 50 Mbit): without it, nodes stayed at
-two thirds of their link in the peer phase while the origin sat idle."""
+one rare missing piece at a time from S3 (:func:`~swarm.agent.hybrid.fill_pieces`): one
+more TCP flow on its downlink. While the swarm fills the link that flow gets a flow's
+share (an eighth against 7 peers); when the swarm is slower (slow uploads, a stalled
+tail) it takes the slack. Measured (bench/fleet.py, swarm-bound at 50 Mbit): without it,
+nodes stayed at two thirds of their link in the peer phase while the origin sat idle."""
 
 IN_FLIGHT_TTL = 1.0
 """Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
