@@ -155,7 +155,7 @@ class LocalOriginPolicy:
 
     STRIPE mode reads :func:`origin_pieces` (nobody near us has them); WIDE mode, decided
     by :func:`swarm.policy.decide` from this node's swarm rate against its own S3 rate,
-    reads :func:`wide_pieces`.
+    reads those first, then the rest of :func:`wide_pieces` (every missing piece).
     """
 
     def __init__(self, offset: int) -> None:

@@ -243,8 +243,7 @@ class StripePlanner:
                     want -= 1
             if node not in art.progress_at or not before:
                 art.progress_at[node] = now
-        spread = self._spread(art, union)
-        return OriginPlan(sorted(mine), state.mode, estimate, fill and spread)
+        return OriginPlan(sorted(mine), state.mode, estimate, fill and self._spread(art, union))
 
     def prune(self, alive: set[str]) -> None:
         """Forget nodes that stopped reporting: their stripes go back to the pool."""
