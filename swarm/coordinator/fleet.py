@@ -52,6 +52,36 @@ MAX_REPORT_ARTIFACTS: Final = 1024
 MAX_NODE_ID: Final = 255
 """Longest node id accepted (a hostname is at most 253 characters)."""
 
+MAX_NAME: Final = 1024
+"""Longest artifact name accepted (an S3 key is at most 1,024 bytes)."""
+
+MAX_SOURCES: Final = 16
+"""Entries of one artifact's ``bytes_by_source`` (a daemon sends three: peers, s3, udp)."""
+
+MAX_SOURCE_NAME: Final = 32
+"""Longest key of ``bytes_by_source``."""
+
+MAX_BYTES: Final = 2**63 - 1
+"""Largest byte count (size, counters) accepted: what libtorrent's int64 holds."""
+
+MAX_RATE: Final = 1e12
+"""Largest rate (bytes/s) accepted: 8 Tbit/s, beyond any NIC; bounds the EMAs and the
+spare-upload ranking a hostile report could otherwise skew without limit."""
+
+MIN_PIECE_SIZE: Final = 16 << 10
+"""Smallest piece size a report may carry: BEP 3 practice and ``swarm publish``'s own
+minimum (:func:`swarm.pieces.validate_piece_size`). A report claiming ``piece_size: 1``
+on a large ``size`` once cost 78 MB of state and a 9.7 MB reply (issue 15)."""
+
+MAX_PIECE_SIZE: Final = 128 << 20
+"""Largest piece size a report may carry: libtorrent 2.x refuses 256 MiB pieces
+("invalid piece size", checked with libtorrent 2.1.1's ``create_torrent``)."""
+
+MAX_PIECE_COUNT: Final = 1 << 20
+"""Most pieces a report's bitfield may describe (128 KiB of bitfield): a 16 GiB artifact
+at 16 KiB pieces. The default piece size keeps an artifact at 2,048 pieces up to 32 GiB
+and at 65,536 up to 1 TiB (:func:`swarm.pieces.default_piece_size`)."""
+
 
 class ReportError(ValueError):
     """A node report is malformed; the message names the field and the bad value."""
@@ -556,23 +586,27 @@ def _str(body: Mapping[str, object], key: str, where: str) -> str:
 def _nonneg_int(body: Mapping[str, object], key: str, where: str) -> int:
     value = body.get(key)
     # bool is an int in Python but never a byte count in JSON.
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ReportError(f"{where}.{key} must be a non-negative integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BYTES:
+        shown = value if not isinstance(value, int) or value.bit_length() < 128 else "(huge)"
+        raise ReportError(
+            f"{where}.{key} must be a non-negative integer below 2**63, got {shown!r}"
+        )
     return value
 
 
-def _nonneg_float(value: object, name: str) -> float:
+def _nonneg_float(value: object, name: str, limit: float = MAX_RATE) -> float:
     try:
         valid = (
             isinstance(value, int | float)
             and not isinstance(value, bool)
             and math.isfinite(value)
-            and value >= 0
+            and 0 <= value <= limit
         )
     except OverflowError:  # a JSON integer beyond float range, like 10**400 (tests/fuzz)
         valid = False
     if not valid:
-        raise ReportError(f"{name} must be a non-negative number, got {value!r}")
+        shown = "(huge)" if isinstance(value, int) and value.bit_length() >= 128 else repr(value)
+        raise ReportError(f"{name} must be a non-negative number up to {limit:g}, got {shown}")
     return float(value)
 
 
@@ -588,32 +622,72 @@ def _artifact(value: object, where: str) -> ArtifactReport:
     complete = body.get("complete")
     if not isinstance(complete, bool):
         raise ReportError(f"{where}.complete must be true or false, got {complete!r}")
+    name = _str(body, "name", where)
+    if len(name) > MAX_NAME:
+        raise ReportError(f"{where}.name is {len(name)} characters; at most {MAX_NAME}")
     sources = _mapping(body.get("bytes_by_source"), f"{where}.bytes_by_source")
+    if len(sources) > MAX_SOURCES or any(len(key) > MAX_SOURCE_NAME for key in sources):
+        raise ReportError(
+            f"{where}.bytes_by_source must have at most {MAX_SOURCES} keys of at most "
+            f"{MAX_SOURCE_NAME} characters"
+        )
     by_source = {key: _nonneg_int(sources, key, f"{where}.bytes_by_source") for key in sources}
     elapsed = body.get("elapsed")
     pieces = piece_size = piece_count = None
     if body.get("pieces") is not None:
-        piece_size = _nonneg_int(body, "piece_size", where)
-        piece_count = _nonneg_int(body, "piece_count", where)
-        try:
-            pieces = base64.b64decode(_str(body, "pieces", where), validate=True)
-        except ValueError:
-            raise ReportError(f"{where}.pieces must be base64") from None
-        if piece_size == 0 or len(pieces) != (piece_count + 7) // 8:
-            raise ReportError(
-                f"{where}.pieces must hold {piece_count} bits and piece_size must be positive"
-            )
+        piece_size, piece_count, pieces = _geometry(body, size, where)
     return ArtifactReport(
         info_hash=info_hash,
-        name=_str(body, "name", where),
+        name=name,
         size=size,
         have_bytes=have,
         complete=complete,
         bytes_by_source=by_source,
         down_rate=_nonneg_float(body.get("down_rate"), f"{where}.down_rate"),
         up_rate=_nonneg_float(body.get("up_rate"), f"{where}.up_rate"),
-        elapsed=None if elapsed is None else _nonneg_float(elapsed, f"{where}.elapsed"),
+        elapsed=None
+        if elapsed is None
+        else _nonneg_float(elapsed, f"{where}.elapsed", MAX_ELAPSED),
         piece_size=piece_size,
         piece_count=piece_count,
         pieces=pieces,
     )
+
+
+MAX_ELAPSED: Final = 10 * 365 * 86400.0
+"""Longest fetch duration accepted (seconds): ten years, to keep history's sums finite."""
+
+
+def _geometry(body: Mapping[str, object], size: int, where: str) -> tuple[int, int, bytes]:
+    """``(piece_size, piece_count, bitfield)`` of a report that sends its pieces, checked
+    against its ``size`` the way BitTorrent metainfo is: a power-of-two piece size
+    within libtorrent's range, ``piece_count == ceil(size / piece_size)``, and a bitfield
+    of exactly ``ceil(piece_count / 8)`` bytes. Checked before decoding, so a bogus
+    geometry costs nothing (issue 15: ``piece_size: 1`` with a large ``size``)."""
+    piece_size = _nonneg_int(body, "piece_size", where)
+    if not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE or piece_size & (piece_size - 1):
+        raise ReportError(
+            f"{where}.piece_size must be a power of two from {MIN_PIECE_SIZE} to "
+            f"{MAX_PIECE_SIZE} bytes, got {piece_size}"
+        )
+    piece_count = _nonneg_int(body, "piece_count", where)
+    expected = -(-size // piece_size)
+    if piece_count != expected:
+        raise ReportError(
+            f"{where}.piece_count must be ceil(size / piece_size) = {expected}, got {piece_count}"
+        )
+    if piece_count > MAX_PIECE_COUNT:
+        raise ReportError(
+            f"{where} has {piece_count} pieces; this coordinator tracks at most "
+            f"{MAX_PIECE_COUNT} (publish with a larger --piece-size)"
+        )
+    text = _str(body, "pieces", where)
+    if len(text) != 4 * -(-((piece_count + 7) // 8) // 3):
+        raise ReportError(f"{where}.pieces must be base64 of {(piece_count + 7) // 8} bytes")
+    try:
+        pieces = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise ReportError(f"{where}.pieces must be base64") from None
+    if len(pieces) != (piece_count + 7) // 8:
+        raise ReportError(f"{where}.pieces must hold {piece_count} bits")
+    return piece_size, piece_count, pieces

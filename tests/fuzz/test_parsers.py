@@ -30,6 +30,9 @@ from hypothesis import strategies as st
 
 from swarm.coordinator.fleet import (
     MAX_NODE_ID,
+    MAX_PIECE_COUNT,
+    MAX_PIECE_SIZE,
+    MIN_PIECE_SIZE,
     NodeReport,
     ReportError,
     parse_report,
@@ -282,6 +285,10 @@ def _check_report(report: NodeReport | None) -> None:
         if artifact.pieces is not None:
             assert artifact.piece_size and artifact.piece_count is not None
             assert len(artifact.pieces) == (artifact.piece_count + 7) // 8
+            # the geometry agrees with the size, as metainfo would (issue 15)
+            size, piece, count = artifact.size, artifact.piece_size, artifact.piece_count
+            assert MIN_PIECE_SIZE <= piece <= MAX_PIECE_SIZE and piece & (piece - 1) == 0
+            assert count == -(-size // piece) and count <= MAX_PIECE_COUNT
 
 
 @FUZZ
@@ -300,6 +307,71 @@ def test_mutated_report_raises_only_report_error(report: dict[str, Any]) -> None
 @given(payload=JSON_VALUES)
 def test_arbitrary_json_report_raises_only_report_error(payload: object) -> None:
     _check_report(_only(ReportError, parse_report, payload))
+
+
+MAX_FUZZ_BITFIELD = (MAX_PIECE_COUNT + 8) // 8
+"""Bytes of bitfield a geometry example may carry: one past the cap's."""
+
+
+@st.composite
+def report_geometries(draw: st.DrawFn) -> dict[str, Any]:
+    """A report with a consistent geometry (a power-of-two piece size within the range,
+    ``size`` within the last piece, an exact bitfield), then, usually, one part of it
+    pushed across its bound: the piece size to a neighbour or out of range (1 B to
+    1 GiB), the count off by one or past the cap, the size by a piece or past 2**63, the
+    bitfield a byte short or long or not base64."""
+    piece_size = 2 ** draw(st.integers(min_value=14, max_value=27))
+    count = draw(
+        st.integers(min_value=0, max_value=4096)
+        | st.sampled_from([MAX_PIECE_COUNT, MAX_PIECE_COUNT + 1])
+    )
+    size = (count - 1) * piece_size + draw(st.integers(1, piece_size)) if count else 0
+    length = (count + 7) // 8
+    mutation = draw(st.sampled_from(["none", "piece_size", "count", "size", "bitfield", "text"]))
+    event(f"geometry mutation: {mutation}")
+    if mutation == "piece_size":
+        exponent = draw(st.integers(min_value=0, max_value=30))
+        piece_size = draw(
+            st.sampled_from([2**exponent, 2**exponent - 1, 2**exponent + 1, 3 << exponent, 0])
+        )
+    elif mutation == "count":
+        count = draw(st.sampled_from([count - 1, count + 1, -1, 2 * MAX_PIECE_COUNT]))
+    elif mutation == "size":
+        size = draw(st.sampled_from([size - piece_size, size + piece_size, 2**63, -1, 2**63 - 1]))
+    elif mutation == "bitfield":
+        length = max(0, length + draw(st.sampled_from([-1, 1])))
+    length = min(length, MAX_FUZZ_BITFIELD)
+    head = draw(st.binary(min_size=min(length, 8), max_size=min(length, 8)))
+    text = base64.b64encode(head + bytes(length - len(head))).decode()
+    if mutation == "text":
+        text = draw(st.sampled_from([text.rstrip("="), text + "=", "!" + text[1:], " " + text]))
+    report = _valid_report()
+    report["artifacts"][0].update(
+        size=size, have_bytes=0, piece_size=piece_size, piece_count=count, pieces=text
+    )
+    return report
+
+
+@FUZZ
+@given(report=report_geometries())
+@example(  # issue 15: 1-byte pieces, 1.2M of them: refused before the bitfield is decoded
+    report={
+        **_valid_report(),
+        "artifacts": [
+            {
+                **_valid_report()["artifacts"][0],
+                "size": 1_200_000,
+                "piece_size": 1,
+                "piece_count": 1_200_000,
+                "pieces": base64.b64encode(bytes(150_000)).decode(),
+            }
+        ],
+    }
+)
+def test_report_geometry_is_consistent_or_refused(report: dict[str, Any]) -> None:
+    parsed = _only(ReportError, parse_report, report)
+    event("geometry: accepted" if parsed is not None else "geometry: refused")
+    _check_report(parsed)
 
 
 # -- bencode, as our code paths use it ----------------------------------------------------

@@ -3,6 +3,7 @@ history. Clocks are plain floats passed in."""
 
 from __future__ import annotations
 
+import base64
 import sqlite3
 from pathlib import Path
 from urllib.parse import quote_from_bytes
@@ -386,11 +387,72 @@ def test_parse_report_accepts_the_documented_shape() -> None:
         (payload(up_rate=None), "up_rate must be"),
         (payload(name=None), "name must be a string"),
         (payload(elapsed="1s"), "elapsed must be"),
+        (payload(size=2**63), "size must be a non-negative integer below 2"),
+        (payload(up_rate=1e13), "up_rate must be a non-negative number up to"),
+        (payload(name="n" * 1025), "name is 1025 characters"),
+        (payload(bytes_by_source={f"s{n}": 0 for n in range(17)}), "at most 16 keys"),
+        (payload(bytes_by_source={"s" * 33: 0}), "at most 16 keys of at most 32"),
     ],
 )
 def test_bad_report_raises_report_error(body: object, message: str) -> None:
     with pytest.raises(ReportError, match=message):
         parse_report(body)
+
+
+def geometry(
+    size: int, piece_size: int, count: int, blob: bytes, text: str | None = None
+) -> dict[str, object]:
+    return payload(
+        size=size,
+        have_bytes=0,
+        piece_size=piece_size,
+        piece_count=count,
+        pieces=base64.b64encode(blob).decode() if text is None else text,
+    )
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # issue 15: 1-byte pieces on a 1.2 MB artifact, 1.2M bits of bitfield
+        (geometry(1_200_000, 1, 1_200_000, bytes(150_000)), "piece_size must be a power of two"),
+        (geometry(MiB, 0, 0, b""), "piece_size must be a power of two"),
+        (geometry(MiB, 8192, 128, bytes(16)), "piece_size must be a power of two from 16384"),
+        (geometry(MiB, 3 << 20, 1, b"\x00"), "piece_size must be a power of two"),
+        (geometry(MiB, 256 * MiB, 1, b"\x00"), "piece_size must be a power of two"),
+        (geometry(4 * MiB, MiB, 5, b"\x00"), r"piece_count must be ceil\(size / piece_size\) = 4"),
+        (geometry(4 * MiB, MiB, 3, b"\x00"), "= 4, got 3"),
+        (geometry((1 << 20) * (1 << 14) + 1, 1 << 14, (1 << 20) + 1, bytes(131073)), "pieces; "),
+        (geometry(4 * MiB, MiB, 4, b""), "pieces must be base64 of 1 bytes"),
+        (geometry(4 * MiB, MiB, 4, b"\x00\x00"), "pieces must hold 4 bits"),
+        (geometry(4 * MiB, MiB, 4, b"", "!!!!"), "pieces must be base64"),
+    ],
+)
+def test_report_geometry_must_agree_with_size(body: object, message: str) -> None:
+    with pytest.raises(ReportError, match=message):
+        parse_report(body)
+
+
+@pytest.mark.parametrize(
+    ("size", "piece_size", "count"),
+    [
+        (0, 16384, 0),
+        (1, 16384, 1),
+        (4 * MiB, MiB, 4),
+        (4 * MiB + 1, MiB, 5),
+        (1 << 40, 128 * MiB, 8192),
+    ],
+)
+def test_report_geometry_accepts_what_publish_makes(size: int, piece_size: int, count: int) -> None:
+    (item,) = parse_report(geometry(size, piece_size, count, bytes((count + 7) // 8))).artifacts
+    assert (item.piece_size, item.piece_count, len(item.pieces or b"")) == (
+        piece_size,
+        count,
+        (count + 7) // 8,
+    )
 
 
 def test_report_records_a_completion_once_with_its_duration() -> None:
