@@ -1,0 +1,532 @@
+"""Coordinator load: N simulated nodes reporting and announcing against real
+``swarm coordinator`` processes on loopback (issue 12).
+
+    .venv/bin/python bench/coordinator.py                          # 250..5,000 nodes
+    .venv/bin/python bench/coordinator.py --nodes 5000 --duration 40
+    .venv/bin/python bench/coordinator.py --nodes 5000 --store redis --coordinators 2 --kill-at 20
+
+One load-generator process (asyncio, keep-alive HTTP through one aiohttp connection
+pool) drives every simulated node; each coordinator is its own process, started fresh
+for each fleet size. A node joins at ``i * join / N`` seconds (a scale-out), then
+behaves as the daemon does: it posts its report (the daemon's fields, one artifact
+with a 2,048-piece bitfield that fills as it "downloads", its stripe included) and
+waits for the reply before the next one, at the interval the reply asks for (``interval``;
+1 s if absent), echoing ``members_epoch``; it announces at join (``event=started``)
+and then at the tracker's ``interval``. With several coordinators (``--coordinators``)
+a node starts on coordinator ``i % K`` and moves to the next one after a failed request,
+as a node given ``--coordinator A,B`` does.
+
+Per fleet size it prints: reports answered / offered (a node offers one report per
+interval it was asked for; a slot passes unanswered while the previous report still
+waits), report latency p50 / p99 (from the request to the whole reply read), errors
+(non-200, timeouts past ``--timeout``, refused connections), the interval the
+coordinator chose (median of the last replies), reply bytes (mean / max), announce p99,
+the coordinators' CPU (cores: CPU seconds over wall seconds) and peak RSS, and the load
+generator's own CPU, since both share this machine's cores: a load generator near one
+core means the latencies are partly its own.
+
+Bounded: loopback only, ``--duration`` seconds per fleet size (join included), at most
+``MAX_NODES`` nodes, and every process it starts is stopped by pid on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote_from_bytes
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MAX_NODES = 20_000
+PIECES = 2048
+PIECE_SIZE = 1 << 20
+ARTIFACT_SIZE = PIECES * PIECE_SIZE
+INFO_HASH = bytes.fromhex("c0ffee" * 6 + "c0ff")
+FETCH_SECONDS = 120.0
+"""A simulated node gains random pieces at a rate that completes the artifact in about
+this long (plus its stripe, which it "reads" by the next report)."""
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_hwm(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Coordinator:
+    url: str
+    process: subprocess.Popen[bytes]
+    cpu0: float = 0.0
+    cpu: float | None = None
+    """CPU seconds over the run, kept at kill time for a coordinator killed mid-run."""
+    hwm: int = 0
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    """A private ``redis-server`` on a free loopback port, stopped by pid."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--store redis needs redis-server (apt-get install -y redis-server)")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit("redis-server did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+@contextlib.contextmanager
+def coordinators(count: int, store: str | None, workdir: Path) -> Iterator[list[Coordinator]]:
+    started: list[Coordinator] = []
+    try:
+        for index in range(count):
+            port = free_port()
+            command = [str(BIN / "swarm"), "coordinator", "--listen", f"127.0.0.1:{port}"]
+            if store:
+                command += ["--store", store]
+            log = (workdir / f"coordinator{index}.log").open("wb")
+            env = {k: v for k, v in os.environ.items() if k != "SWARM_SECRET"}
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            log.close()
+            started.append(Coordinator(f"http://127.0.0.1:{port}", process))
+        for coordinator in started:
+            wait_healthy(coordinator)
+            coordinator.cpu0 = proc_cpu(coordinator.process.pid)
+        yield started
+    finally:
+        for coordinator in started:
+            if coordinator.process.poll() is None:
+                coordinator.process.kill()
+            coordinator.process.wait(10)
+
+
+def wait_healthy(coordinator: Coordinator) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if coordinator.process.poll() is not None:
+            raise SystemExit(f"coordinator exited with {coordinator.process.returncode}")
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(coordinator.url + "/healthz", timeout=1),
+        ):
+            return
+        time.sleep(0.05)
+    raise SystemExit("coordinator did not answer /healthz within 30 s")
+
+
+# -- the simulated fleet -----------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    offered: float = 0.0
+    answered: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    announce_latencies: list[float] = field(default_factory=list)
+    announce_errors: int = 0
+    reply_bytes: list[int] = field(default_factory=list)
+    intervals: list[float] = field(default_factory=list)
+    members: int = 0
+    """Member lists (full or delta) received."""
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    after_kill: list[float] = field(default_factory=list)
+    """Latencies of reports answered after a coordinator was killed (from the kill)."""
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+
+
+class SimNode:
+    def __init__(self, index: int, rng: random.Random, urls: list[str]) -> None:
+        self.index = index
+        self.name = f"sim-{index:05d}"
+        self.ip = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255 or 1}"
+        self.peer_id = b"-SIM001-" + index.to_bytes(12, "big")
+        self.rng = rng
+        self.urls = urls
+        self.current = index % len(urls)
+        self.held = bytearray(PIECES // 8)
+        self.have = 0
+        self.counters = {"peers": 0, "s3": 0, "udp": 0}
+        self.stripe: list[int] = []
+        self.members_epoch: Any = None
+        self.started = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.urls[self.current]
+
+    def fail_over(self) -> None:
+        self.current = (self.current + 1) % len(self.urls)
+
+    def gain(self, seconds: float) -> None:
+        """Pieces that arrived since the last report: the stripe, then random ones."""
+        for piece in self.stripe:
+            self._take(piece, "s3")
+        self.stripe = []
+        for _ in range(int(seconds * PIECES / FETCH_SECONDS + self.rng.random())):
+            self._take(self.rng.randrange(PIECES), "peers")
+
+    def _take(self, piece: int, source: str) -> None:
+        byte, bit = divmod(piece, 8)
+        if not self.held[byte] & (0x80 >> bit):
+            self.held[byte] |= 0x80 >> bit
+            self.have += 1
+            self.counters[source] += PIECE_SIZE
+
+    def report(self, now: float) -> bytes:
+        complete = self.have == PIECES
+        body: dict[str, Any] = {
+            "node": self.name,
+            "addr": f"{self.ip}:6881",
+            "artifacts": [
+                {
+                    "info_hash": INFO_HASH.hex(),
+                    "name": "index.db",
+                    "dest": "/var/lib/app/index.db",
+                    "state": "seeding" if complete else "fetching",
+                    "complete": complete,
+                    "size": ARTIFACT_SIZE,
+                    "have_bytes": self.have * PIECE_SIZE,
+                    "bytes_by_source": dict(self.counters),
+                    "down_rate": 50e6 if not complete else 0.0,
+                    "up_rate": 20e6,
+                    "uploaded": self.have * PIECE_SIZE,
+                    "peers": 30,
+                    "seconds": None,
+                    "error": None,
+                    "error_no_space": False,
+                    "s3_error": None,
+                    "udp_error": None,
+                    "hash_failures": 0,
+                    "peer_hash_failures": 0,
+                    "peers_banned": 0,
+                    "elapsed": round(now - self.started, 3),
+                    "piece_size": PIECE_SIZE,
+                    "piece_count": PIECES,
+                    "pieces": base64.b64encode(bytes(self.held)).decode(),
+                    "mode": "stripe",
+                }
+            ],
+        }
+        if self.members_epoch is not None:
+            body["members_epoch"] = self.members_epoch
+        return json.dumps(body).encode()
+
+    def announce_query(self, event: str) -> str:
+        params = {
+            "info_hash": INFO_HASH,
+            "peer_id": self.peer_id,
+            "port": 6881,
+            "uploaded": self.have * PIECE_SIZE,
+            "downloaded": self.have * PIECE_SIZE,
+            "left": (PIECES - self.have) * PIECE_SIZE,
+            "compact": 1,
+            "numwant": 200,
+            "ip": self.ip,
+        }
+        if event:
+            params["event"] = event
+        return "&".join(
+            f"{k}={quote_from_bytes(v if isinstance(v, bytes) else str(v).encode(), safe='')}"
+            for k, v in params.items()
+        )
+
+
+async def run_node(
+    node: SimNode,
+    http: aiohttp.ClientSession,
+    stats: Stats,
+    start: float,
+    join_at: float,
+    end: float,
+    timeout: float,
+    killed: dict[str, float],
+) -> None:
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start + join_at - loop.time()))
+    node.started = loop.time()
+    interval = 1.0
+    announce_interval = 30.0
+    next_announce = loop.time()
+    last = loop.time()
+    slot = loop.time()
+    event = "started"
+    while True:
+        now = loop.time()
+        if now >= end:
+            stats.offered += (end - slot) / interval if end > slot else 0.0
+            return
+        if now >= next_announce:
+            announce_interval = await announce(node, http, stats, event, timeout) or 30.0
+            event = ""
+            next_announce = loop.time() + announce_interval
+        node.gain(loop.time() - last)
+        last = loop.time()
+        stats.offered += 1
+        sent = loop.time()
+        answered = await post_report(node, http, stats, timeout, killed)
+        if answered is not None:
+            interval = answered
+        # the next slot is one interval after this one; slots missed while this report
+        # waited for its reply are offered and not answered
+        slot = sent + interval
+        while slot < loop.time():
+            stats.offered += 1
+            slot += interval
+        await asyncio.sleep(max(0.0, min(slot, end) - loop.time()))
+
+
+async def post_report(
+    node: SimNode,
+    http: aiohttp.ClientSession,
+    stats: Stats,
+    timeout: float,
+    killed: dict[str, float],
+) -> float | None:
+    loop = asyncio.get_running_loop()
+    body = node.report(loop.time())
+    began = loop.time()
+    url = node.url
+    try:
+        async with http.post(
+            url + "/v1/report",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            raw = await response.read()
+            if response.status != 200:
+                stats.error(f"http {response.status}")
+                node.fail_over()
+                return None
+    except TimeoutError:
+        stats.error("timeout")
+        node.fail_over()
+        return None
+    except aiohttp.ClientError as error:
+        stats.error(type(error).__name__)
+        node.fail_over()
+        return None
+    took = loop.time() - began
+    stats.answered += 1
+    stats.latencies.append(took)
+    stats.reply_bytes.append(len(raw))
+    if killed and url not in killed:
+        stats.after_kill.append(loop.time() - min(killed.values()))
+    reply = json.loads(raw)
+    interval = reply.get("interval")
+    interval = float(interval) if isinstance(interval, int | float) and interval > 0 else 1.0
+    stats.intervals.append(interval)
+    if "members_epoch" in reply:
+        node.members_epoch = reply["members_epoch"]
+    if "members" in reply or "members_delta" in reply:
+        stats.members += 1
+    plan = (reply.get("plans") or {}).get(INFO_HASH.hex())
+    if isinstance(plan, dict):
+        node.stripe = [p for p in plan.get("stripe", []) if isinstance(p, int) and 0 <= p < PIECES]
+    return interval
+
+
+async def announce(
+    node: SimNode, http: aiohttp.ClientSession, stats: Stats, event: str, timeout: float
+) -> float | None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        async with http.get(
+            node.url + "/announce?" + node.announce_query(event),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            raw = await response.read()
+            if response.status != 200 or b"failure reason" in raw:
+                stats.announce_errors += 1
+                return None
+    except (TimeoutError, aiohttp.ClientError):
+        stats.announce_errors += 1
+        node.fail_over()
+        return None
+    stats.announce_latencies.append(loop.time() - began)
+    marker = raw.find(b"8:intervali")
+    if marker >= 0:
+        with contextlib.suppress(ValueError):
+            return float(raw[marker + 11 : raw.index(b"e", marker + 11)])
+    return None
+
+
+async def drive(
+    count: int, running: list[Coordinator], args: argparse.Namespace
+) -> tuple[Stats, float, float]:
+    rng = random.Random(args.seed)
+    urls = [c.url for c in running]
+    nodes = [SimNode(i, random.Random(rng.random()), urls) for i in range(count)]
+    stats = Stats()
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+    killed: dict[str, float] = {}
+    async with aiohttp.ClientSession(connector=connector) as http:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.5
+        end = start + args.duration
+        wall0, cpu0 = time.monotonic(), self_cpu()
+        for coordinator in running:
+            coordinator.cpu0 = proc_cpu(coordinator.process.pid)
+        tasks = [
+            asyncio.create_task(
+                run_node(node, http, stats, start, args.join * i / count, end, args.timeout, killed)
+            )
+            for i, node in enumerate(nodes)
+        ]
+        if args.kill_at is not None and len(running) > 1:
+            await asyncio.sleep(max(0.0, start + args.kill_at - loop.time()))
+            victim = running[0]
+            victim.cpu = proc_cpu(victim.process.pid) - victim.cpu0
+            victim.hwm = proc_hwm(victim.process.pid)
+            victim.process.send_signal(signal.SIGKILL)
+            killed[victim.url] = loop.time()
+        await asyncio.gather(*tasks)
+        wall = time.monotonic() - wall0
+        for coordinator in running:
+            if coordinator.cpu is None:
+                coordinator.cpu = proc_cpu(coordinator.process.pid) - coordinator.cpu0
+                coordinator.hwm = proc_hwm(coordinator.process.pid)
+        return stats, wall, self_cpu() - cpu0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coordinator]) -> str:
+    cores = " + ".join(f"{(c.cpu or 0) / wall:.2f}" for c in running)
+    rss = " + ".join(f"{c.hwm >> 20}" for c in running)
+    tail = stats.intervals[-max(1, len(stats.intervals) // 10) :]
+    interval = statistics.median(tail) if tail else float("nan")
+    mean_bytes = statistics.mean(stats.reply_bytes) if stats.reply_bytes else 0
+    max_bytes = max(stats.reply_bytes, default=0)
+    kinds = ",".join(f"{k}:{v}" for k, v in sorted(stats.error_kinds.items())) or "-"
+    return (
+        f"| {count:,} | {stats.answered:,} / {stats.offered:,.0f} = "
+        f"{stats.answered / max(stats.offered, 1):.2f} "
+        f"| {pct(stats.latencies, 50) * 1000:.0f} ms | {pct(stats.latencies, 99) * 1000:.0f} ms "
+        f"| {stats.errors} ({kinds}) | {interval:.2f} s "
+        f"| {mean_bytes:,.0f} / {max_bytes:,} B | {stats.members:,} "
+        f"| {pct(stats.announce_latencies, 99) * 1000:.0f} ms ({stats.announce_errors} err) "
+        f"| {cores} | {rss} MiB | {own_cpu / wall:.2f} |"
+    )
+
+
+HEADER = (
+    "| nodes | reports answered / offered | p50 | p99 | errors | interval | reply bytes"
+    " mean / max | member lists | announce p99 | coordinator CPU (cores) | coordinator"
+    " peak RSS | load generator CPU |\n|" + "---|" * 12
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="250,500,1000,2000,5000", help="fleet sizes")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds per fleet size")
+    parser.add_argument("--join", type=float, default=5.0, help="seconds over which nodes join")
+    parser.add_argument("--timeout", type=float, default=10.0, help="per-request timeout")
+    parser.add_argument("--coordinators", type=int, default=1)
+    parser.add_argument("--store", choices=["memory", "redis"], default="memory")
+    parser.add_argument(
+        "--kill-at", type=float, help="SIGKILL the first coordinator this many seconds in"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.nodes.split(",")]
+    if any(not 0 < n <= MAX_NODES for n in sizes) or args.duration > 600:
+        parser.error(f"fleet sizes must be 1..{MAX_NODES} and --duration at most 600 s")
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    print(
+        f"# {args.coordinators} coordinator(s), store {args.store}, {args.duration:.0f} s per "
+        f"size, joins over {args.join:.0f} s, timeout {args.timeout:.0f} s, "
+        f"{os.cpu_count()} cores"
+        + (f", first coordinator killed at {args.kill_at:.0f} s" if args.kill_at else "")
+    )
+    print(HEADER, flush=True)
+    with tempfile.TemporaryDirectory(prefix="swarm-bench-coord-") as tmp:
+        workdir = Path(tmp)
+        for count in sizes:
+            with contextlib.ExitStack() as stack:
+                store = None
+                if args.store == "redis":
+                    store = stack.enter_context(redis_server(workdir))
+                running = stack.enter_context(coordinators(args.coordinators, store, workdir))
+                stats, wall, own = asyncio.run(drive(count, running, args))
+            print(row(count, stats, wall, own, running), flush=True)
+            if stats.after_kill:
+                print(
+                    f"#   after the kill: {len(stats.after_kill):,} reports answered by the "
+                    f"survivor, the first {min(stats.after_kill):.2f} s after it",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
