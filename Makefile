@@ -2,18 +2,33 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+CREATED := $(VENV)/.created
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+DIST := dist
+# Pythons `make test-pythons` runs the unit tests on (found on PATH or under ~/.pyenv).
+TEST_PYTHONS ?= 3.12 3.13
 
-.PHONY: venv test demo bench bench-fleet bench-udp fuzz lint fmt clean
+.PHONY: venv test demo dist test-pythons bench bench-fleet bench-udp fuzz lint fmt clean
 
 venv: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+$(CREATED):
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	touch $(CREATED)
+
+# The test extra holds the demo's too (its S3 server is the tests' S3 server).
+$(STAMP): $(CREATED) setup.cfg pyproject.toml
+	@# this project was the distribution `swarm` before it was `swarm-artifacts`
+	$(BIN)/pip uninstall --quiet -y swarm 2>/dev/null || true
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): $(CREATED) setup.cfg pyproject.toml
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 lint: venv
 	$(BIN)/ruff check swarm tests bench
@@ -26,8 +41,27 @@ fmt: venv
 test: venv lint
 	$(BIN)/pytest -q -ra
 
-demo: venv
+demo: $(DEMO_STAMP)
 	$(BIN)/swarm demo
+
+# The wheel a fleet installs (`swarm userdata --wheelhouse` takes a directory of these).
+dist: $(CREATED)
+	rm -rf $(DIST) build
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
+	@ls $(DIST)/*.whl
+
+# The wheel installed, `swarm --help` run, and the unit tests, on each of TEST_PYTHONS.
+test-pythons: dist
+	@for v in $(TEST_PYTHONS); do \
+	  py=""; for c in python$$v $(HOME)/.pyenv/versions/$$v.*/bin/python$$v; do \
+	    if "$$c" -V >/dev/null 2>&1; then py=$$c; break; fi; done; \
+	  [ -n "$$py" ] || { echo "python$$v not found (PATH or ~/.pyenv/versions)"; exit 1; }; \
+	  echo "== $$("$$py" -V) ($$py)"; \
+	  rm -rf $(VENV)-$$v && "$$py" -m venv $(VENV)-$$v || exit 1; \
+	  $(VENV)-$$v/bin/pip install --quiet "$$(ls $(DIST)/*.whl)[test]" || exit 1; \
+	  $(VENV)-$$v/bin/swarm --help >/dev/null && echo "swarm --help: ok" || exit 1; \
+	  $(VENV)-$$v/bin/pytest -q -p no:cacheprovider tests/unit || exit 1; \
+	done
 
 bench: venv
 	$(BIN)/python bench/s3get.py
@@ -43,4 +77,4 @@ fuzz: venv
 	SWARM_FUZZ=long $(BIN)/pytest -q tests/fuzz
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-3.* build $(DIST) *.egg-info .pytest_cache .ruff_cache
