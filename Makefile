@@ -8,8 +8,12 @@ DEMO_STAMP := $(VENV)/.installed-demo
 DIST := dist
 # Pythons `make test-pythons` runs the unit tests on (found on PATH or under ~/.pyenv).
 TEST_PYTHONS ?= 3.12 3.13
+# `make wheelhouse`: the wheel and its dependencies' binary wheels, for one Python/arch.
+WHEELHOUSE_PYTHON ?= 3.12
+WHEELHOUSE_ARCH ?= $(shell uname -m)
+WHEELHOUSE := $(DIST)/wheelhouse-cp$(subst .,,$(WHEELHOUSE_PYTHON))-$(WHEELHOUSE_ARCH)
 
-.PHONY: venv test demo dist test-pythons bench bench-fleet bench-udp fuzz lint fmt clean
+.PHONY: venv test demo dist wheelhouse test-pythons bench bench-fleet bench-udp fuzz lint fmt clean
 
 venv: $(STAMP)
 
@@ -49,6 +53,14 @@ dist: $(CREATED)
 	rm -rf $(DIST) build
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 	@ls $(DIST)/*.whl
+
+# What `swarm userdata --wheelhouse` installs from, for fleets without internet egress.
+wheelhouse: dist
+	$(BIN)/pip download --quiet --only-binary=:all: --implementation cp \
+	  --python-version $(WHEELHOUSE_PYTHON) \
+	  $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014,--platform $(p)_$(WHEELHOUSE_ARCH)) \
+	  --dest $(WHEELHOUSE) "$$(ls $(DIST)/swarm_artifacts-*.whl)"
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) wheels"
 
 # The wheel installed, `swarm --help` run, and the unit tests, on each of TEST_PYTHONS.
 test-pythons: dist

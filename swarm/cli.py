@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -153,25 +154,28 @@ def publish(
 )
 @click.option("--no-daemon", is_flag=True, help="Fetch in this process from S3 only; no seeding.")
 @click.option(
+    "--copy",
+    is_flag=True,
+    help="Make DEST a private writable copy (reflink where possible); the daemon seeds "
+    "its own copy. Default: DEST is the daemon's read-only file (one copy on disk).",
+)
+@click.option(
     "--deadline",
     type=click.FloatRange(min=0, min_open=True),
+    callback=lambda _c, _p, v: _finite(v, "--deadline"),
     help="Give up (exit 7) after this many seconds; a rerun resumes.",
 )
 @click.option("--catalog", help="Catalog prefix for names [SWARM_CATALOG].")
 @click.option("--endpoint-url", help="S3 endpoint [AWS_ENDPOINT_URL].")
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Parallel S3 ranged GETs.",
+    type=click.IntRange(min=1, max=256),
+    help="Parallel S3 ranged GETs (--no-daemon only)  [default: 8]",
 )
 @click.option(
     "--range-size",
-    default="16M",
-    show_default=True,
-    callback=lambda _c, _p, v: parse_size(v),
-    help="Bytes per S3 ranged GET (rounded down to whole pieces).",
+    callback=lambda _c, _p, v: _positive_size(v, "--range-size"),
+    help="Bytes per S3 ranged GET, rounded down to whole pieces (--no-daemon only)  [default: 16M]",
 )
 @click.option("--json", "as_json", is_flag=True, help="JSON line events on stdout.")
 @reports_errors
@@ -183,11 +187,12 @@ def fetch(
     sources: tuple[str, ...],
     peers_from_asg: str | None,
     no_daemon: bool,
+    copy: bool,
     deadline: float | None,
     catalog: str | None,
     endpoint_url: str | None,
-    concurrency: int,
-    range_size: int,
+    concurrency: int | None,
+    range_size: int | None,
     as_json: bool,
 ) -> None:
     """Fetch SOURCE (s3://BUCKET/KEY or a catalog NAME) to DEST, verified, atomically.
@@ -207,18 +212,40 @@ def fetch(
     if no_daemon:
         if sources and set(sources) != {"s3"}:
             raise click.BadParameter("--no-daemon fetches from S3 only", param_hint="--source")
+        for flag, value in (("--listen", listen), ("--peers-from-asg", peers_from_asg)):
+            if value:
+                raise click.BadParameter("--no-daemon runs no daemon", param_hint=flag)
+        if copy:
+            raise click.BadParameter(
+                "--no-daemon always writes a private copy", param_hint="--copy"
+            )
         result = _fetch_in_process(
             source,
             dest,
             settings,
             deadline,
-            concurrency,
-            range_size,
+            concurrency or 8,
+            range_size or 16 << 20,
             JsonProgress() if use_json else RichProgress(),
         )
     else:
+        for flag, value in (("--concurrency", concurrency), ("--range-size", range_size)):
+            if value is not None:
+                raise click.BadParameter(
+                    "applies to --no-daemon only (the daemon sizes its S3 reads itself)",
+                    param_hint=flag,
+                )
         result = _fetch_with_daemon(
-            source, dest, settings, listen, sources, deadline, use_json, peers_from_asg
+            source,
+            dest,
+            settings,
+            listen,
+            sources,
+            deadline,
+            use_json,
+            peers_from_asg,
+            copy=copy,
+            coordinator_flag=coordinator,
         )
     if use_json:
         emit("done", **result)
@@ -274,22 +301,31 @@ def _fetch_with_daemon(
     deadline: float | None,
     use_json: bool,
     peers_from_asg: str | None = None,
+    *,
+    copy: bool = False,
+    coordinator_flag: str | None = None,
 ) -> dict[str, Any]:
     from swarm.agent.client import ensure_daemon, fetch_via_daemon
     from swarm.agent.store import check_dest
     from swarm.fleetauth import fleet_token
+    from swarm.messages import SOURCES, FetchRequest
     from swarm.progress import DaemonProgress
 
     dest = dest.absolute()
     check_dest(dest)
     token = fleet_token(settings.secret) if settings.secret else None
     client = ensure_daemon(settings.home, listen, settings.coordinator, peers_from_asg, token)
-    request = {
-        "source": source,
-        "catalog": settings.catalog,
-        "endpoint_url": settings.endpoint_url,
-        "sources": list(sources) or None,
-    }
+    request = FetchRequest(
+        source=source,
+        dest=str(dest),
+        copy=copy,
+        catalog=settings.catalog,
+        endpoint_url=settings.endpoint_url,
+        sources=tuple(dict.fromkeys(sources)) or SOURCES,
+        listen=listen,
+        coordinator=coordinator_flag,
+        peers_from_asg=peers_from_asg,
+    )
     progress = DaemonProgress(use_json)
     try:
         status = fetch_via_daemon(
@@ -306,6 +342,26 @@ def _fetch_with_daemon(
         "bytes_by_source": status["bytes_by_source"],
         "info_hash": status["info_hash"],
     }
+
+
+def _finite(value: float | None, flag: str) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(
+            f"must be a finite number of seconds, not {value}", param_hint=flag
+        )
+    return value
+
+
+def _positive_size(value: str | None, flag: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=flag) from error
+    if size < 1:
+        raise click.BadParameter(f"must be at least 1 byte, got {value!r}", param_hint=flag)
+    return size
 
 
 @cli.command()
@@ -448,6 +504,11 @@ def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
 )
 @click.option("--install", "install_cmd", help="Shell command that installs swarm if missing.")
 @click.option("--endpoint-url", help="S3 endpoint for the instances (MinIO, a VPC endpoint).")
+@click.option(
+    "--wheelhouse",
+    help="Install from these wheels, not PyPI: s3://BUCKET/PREFIX/, an http(s) page of links, "
+    "or a directory on the instance.",
+)
 @reports_errors
 def userdata(
     artifact: str,
@@ -457,8 +518,9 @@ def userdata(
     deadline: float,
     install_cmd: str | None,
     endpoint_url: str | None,
+    wheelhouse: str | None,
 ) -> None:
-    """Print a cloud-init user-data script: IMDSv2 identity, fetch, seeding daemon."""
+    """Print a cloud-init user-data script: IMDSv2 identity, install into /opt, fetch, seed."""
     from swarm.bootstrap.userdata import DEFAULT_INSTALL, render
 
     settings = config.load(catalog=catalog, coordinator=coordinator)
@@ -471,6 +533,7 @@ def userdata(
             deadline=deadline,
             install=install_cmd or DEFAULT_INSTALL,
             endpoint_url=endpoint_url,
+            wheelhouse=wheelhouse,
         ),
         nl=False,
     )
