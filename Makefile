@@ -69,10 +69,10 @@ test-pythons: dist
 	    if "$$c" -V >/dev/null 2>&1; then py=$$c; break; fi; done; \
 	  [ -n "$$py" ] || { echo "python$$v not found (PATH or ~/.pyenv/versions)"; exit 1; }; \
 	  echo "== $$("$$py" -V) ($$py)"; \
-	  rm -rf $(VENV)-$$v && "$$py" -m venv $(VENV)-$$v || exit 1; \
-	  $(VENV)-$$v/bin/pip install --quiet "$$(ls $(DIST)/*.whl)[test]" || exit 1; \
-	  $(VENV)-$$v/bin/swarm --help >/dev/null && echo "swarm --help: ok" || exit 1; \
-	  $(VENV)-$$v/bin/pytest -q -p no:cacheprovider tests/unit || exit 1; \
+	  rm -rf build/venv-$$v && "$$py" -m venv build/venv-$$v || exit 1; \
+	  build/venv-$$v/bin/pip install --quiet "$$(ls $(DIST)/*.whl)[test]" || exit 1; \
+	  build/venv-$$v/bin/swarm --help >/dev/null && echo "swarm --help: ok" || exit 1; \
+	  build/venv-$$v/bin/pytest -q -p no:cacheprovider tests/unit || exit 1; \
 	done
 
 bench: venv
@@ -89,4 +89,4 @@ fuzz: venv
 	SWARM_FUZZ=long $(BIN)/pytest -q tests/fuzz
 
 clean:
-	rm -rf $(VENV) $(VENV)-3.* build $(DIST) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build $(DIST) *.egg-info .pytest_cache .ruff_cache

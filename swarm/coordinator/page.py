@@ -6,17 +6,38 @@ complete and in progress, bytes by source, S3 bytes saved, median and p99 fetch 
 per node, a bar split by the source of its bytes (peers, S3, UDP, not yet), with
 state, rate and ETA. When ``/v1/fleet`` fails it keeps the last view under a banner.
 
+Above that, a chart of the last minutes from ``GET /v1/timeline`` (polled every
+:data:`TIMELINE_POLL_MS`): the fleet's download rate by source and the nodes holding a
+complete copy, sampled by a background task into a ring buffer
+(:mod:`swarm.coordinator.timeline`) from the reports the coordinator keeps anyway.
+
 Everything is inline (no CDN, no fonts, no images): a fleet's private subnet often has
-no route to the internet, and the page must still work there.
+no route to the internet, and the page must still work there. The chart is uPlot
+(MIT), vendored in ``static/`` and inlined into the page.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from importlib import resources
 from typing import Final
 
 from aiohttp import web
 
+from swarm.coordinator.timeline import SAMPLE_PERIOD, NodeSample, Timeline
+
+log = logging.getLogger(__name__)
+
 PATH: Final = "/"
+TIMELINE_PATH: Final = "/v1/timeline"
+TIMELINE: Final = web.AppKey("timeline", Timeline)
+TIMELINE_POLL_MS: Final = 2000
+"""How often the page reads the timeline (its samples are 1 s apart)."""
+UPLOT_VERSION: Final = "1.6.32"
+"""The vendored uPlot (``static/README.md`` says how to update it)."""
 
 HEADERS: Final = {
     # Always fetch the current page after an upgrade; the data is polled anyway.
@@ -54,8 +75,8 @@ section { margin-bottom: 14px; padding: 10px 14px; background: #fff;
           border: 1px solid #dce1e6; border-radius: 6px; }
 h2 { margin: 0; font-size: 16px; }
 h2 small { color: var(--muted); font-weight: normal; }
-.summary { margin: 2px 0 8px; color: var(--muted); }
-.summary b { color: var(--ink); font-weight: 600; }
+.summary, .rates-now { margin: 2px 0 8px; color: var(--muted); }
+.summary b, .rates-now b { color: var(--ink); font-weight: 600; }
 table { width: 100%; border-collapse: collapse; }
 th { color: var(--muted); font-size: 12px; font-weight: 600; text-align: left; }
 td, th { padding: 3px 12px 3px 0; white-space: nowrap; }
@@ -69,7 +90,13 @@ td.bar-cell { width: 100%; }
 .fetching { color: #b36a00; font-weight: 600; }
 tr.silent td { opacity: .5; }
 .empty { color: var(--muted); }
+#timeline { padding: 12px 20px 0; }
+#timeline section { margin-bottom: 0; }
+#chart { min-height: 240px; }
+#chart .u-legend { font-size: 12px; }
 </style>
+<style>/* uPlot UPLOT_VERSION (MIT, static/uPlot.LICENSE) */
+UPLOT_CSS</style>
 </head>
 <body>
 <header>
@@ -82,7 +109,14 @@ tr.silent td { opacity: .5; }
   </span>
 </header>
 <div id="error" role="alert"></div>
+<div id="timeline"><section>
+  <h2>Fleet download rate <small id="chart-caption">by source, last minutes</small></h2>
+  <div class="rates-now" id="chart-now"></div>
+  <div id="chart"></div>
+</section></div>
 <main id="fleet"></main>
+<script>/* uPlot UPLOT_VERSION (MIT, static/uPlot.LICENSE): vendored from npm */
+UPLOT_JS</script>
 <script>
 "use strict";
 // Mirrors swarm/status.py summarize(): keep the two in step.
@@ -229,6 +263,81 @@ function render(fleet) {
     (nodes.length === 1 ? "" : "s") + " \\u00b7 updated " + new Date().toLocaleTimeString();
 }
 
+// -- the chart of the last minutes (GET /v1/timeline) --------------------------------
+const TIMELINE_POLL_MS = TIMELINE_POLL_VALUE;
+let chart = null;
+
+function cssColour(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+}
+
+function rateText(v) { return v === null || v === undefined ? "-" : (v).toFixed(1) + " MB/s"; }
+
+function makeChart(box, data) {
+  const line = (label, colour) => ({ label: label, stroke: cssColour(colour), width: 2,
+    scale: "rate", value: (u, v) => rateText(v), points: { show: false } });
+  return new uPlot({
+    width: Math.max(320, box.clientWidth), height: 220,
+    cursor: { drag: { x: false, y: false } },
+    series: [
+      {},
+      line("peers", "--peers"), line("S3", "--s3"), line("UDP", "--udp"),
+      { label: "nodes complete", stroke: cssColour("--ink"), width: 1.5, dash: [5, 4],
+        scale: "count", paths: uPlot.paths.stepped({ align: 1 }), points: { show: false },
+        value: (u, v) => (v === null || v === undefined ? "-" : String(v)) },
+    ],
+    scales: {
+      x: { time: true },
+      rate: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] },
+      count: { range: (u, lo, hi) => [0, Math.max(1, hi + 1)] },
+    },
+    axes: [
+      {},
+      { scale: "rate", label: "MB/s", size: 60 },
+      { scale: "count", side: 1, label: "nodes complete", grid: { show: false }, size: 50,
+        values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : "")) },
+    ],
+  }, data, box);
+}
+
+function drawTimeline(tl) {
+  const mb = (xs) => (xs || []).map((v) => v / 1e6);
+  const data = [tl.t || [], mb(tl.peers), mb(tl.s3), mb(tl.udp), tl.complete || []];
+  const box = document.getElementById("chart");
+  if (chart === null) chart = makeChart(box, data);
+  else chart.setData(data);
+  const n = data[0].length;
+  const last = (i) => (n ? data[i][n - 1] : null);
+  const minutes = Math.round((n ? data[0][n - 1] - data[0][0] : 0) / 60);
+  document.getElementById("chart-caption").textContent =
+    "by source, last " + (minutes < 1 ? "minute" : minutes + " minutes");
+  const now = el("span", {}, "now: ");
+  SOURCES.forEach(([key, label], i) => {
+    if (i) now.append(" \u00b7 ");
+    now.append(el("b", { textContent: rateText(last(i + 1)) }), " from " + label);
+  });
+  now.append(" \u00b7 ", el("b", { textContent: String(n ? last(4) : 0) }), " nodes complete");
+  document.getElementById("chart-now").replaceChildren(now);
+}
+
+async function tickTimeline() {
+  try {
+    const token = new URLSearchParams(location.hash.slice(1)).get("token");
+    const headers = token ? { Authorization: "Bearer " + token } : {};
+    const response = await fetch("TIMELINE_PATH_VALUE", { cache: "no-store", headers });
+    if (response.ok) drawTimeline(await response.json());
+  } catch (error) {
+    // the fleet view's banner says when the coordinator cannot be read
+  } finally {
+    setTimeout(tickTimeline, TIMELINE_POLL_MS);
+  }
+}
+
+window.addEventListener("resize", () => {
+  const box = document.getElementById("chart");
+  if (chart !== null) chart.setSize({ width: Math.max(320, box.clientWidth), height: 220 });
+});
+
 function showError(message) {
   const banner = document.getElementById("error");
   const since = lastOk ? " Showing data from " +
@@ -257,16 +366,85 @@ async function tick() {
 }
 
 tick();
+tickTimeline();
 </script>
 </body>
 </html>
 """
 
 
+def _static(name: str) -> str:
+    return resources.files("swarm.coordinator").joinpath("static", name).read_text()
+
+
+def _page() -> str:
+    """STATUS_PAGE with uPlot and the constants filled in (once, at import)."""
+    js = _static("uPlot.iife.min.js")
+    if "</script" in js.lower():  # would end the inline script early
+        raise RuntimeError("the vendored uPlot contains '</script': it cannot be inlined")
+    return (
+        STATUS_PAGE.replace("UPLOT_VERSION", UPLOT_VERSION)
+        .replace("TIMELINE_POLL_VALUE", str(TIMELINE_POLL_MS))
+        .replace("TIMELINE_PATH_VALUE", TIMELINE_PATH)
+        .replace("UPLOT_CSS", _static("uPlot.min.css"))
+        .replace("UPLOT_JS", js)
+    )
+
+
+PAGE: Final = _page()
+
+
 async def _status_page(request: web.Request) -> web.Response:
-    return web.Response(text=STATUS_PAGE, content_type="text/html", headers=HEADERS)
+    return web.Response(text=PAGE, content_type="text/html", headers=HEADERS)
 
 
-def add_routes(app: web.Application) -> None:
-    """Register ``GET /`` (and ``HEAD /``): the fleet status page."""
+async def _timeline(request: web.Request) -> web.Response:
+    return web.json_response(request.app[TIMELINE].to_json())
+
+
+def sample_fleet(app: web.Application) -> None:
+    """Take one timeline sample from the coordinator's node reports (none without a
+    store: an app that serves the page alone)."""
+    from swarm.coordinator.app import CLOCK, STORE  # app imports this module
+
+    if STORE not in app:
+        return
+    now = app[CLOCK]()
+    app[TIMELINE].sample(
+        now,
+        (
+            NodeSample(state.report.node, state.last_seen, state.report.artifacts)
+            for state in app[STORE].nodes(now)
+        ),
+    )
+
+
+def _sampler(period: float) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        async def forever() -> None:
+            while True:
+                try:
+                    sample_fleet(app)
+                except Exception:  # the chart is a view: never take the coordinator down
+                    log.exception("timeline sample failed; retrying in %ss", period)
+                await asyncio.sleep(period)
+
+        task = asyncio.create_task(forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return context
+
+
+def add_routes(app: web.Application, sample_period: float = SAMPLE_PERIOD) -> None:
+    """Register ``GET /`` (and ``HEAD /``), the fleet status page, and ``GET
+    /v1/timeline``, its chart's data (behind the fleet token like ``/v1/fleet``), with
+    the background task that samples the fleet every ``sample_period`` seconds."""
+    app[TIMELINE] = Timeline(period=sample_period)
     app.router.add_get(PATH, _status_page)
+    app.router.add_get(TIMELINE_PATH, _timeline)
+    app.cleanup_ctx.append(_sampler(sample_period))

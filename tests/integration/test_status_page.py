@@ -16,6 +16,7 @@ import shutil
 import struct
 import subprocess
 import threading
+import time
 import urllib.request
 import zlib
 from collections.abc import Iterator
@@ -25,7 +26,11 @@ import pytest
 from aiohttp import web
 
 from swarm.coordinator.app import make_app
-from swarm.coordinator.page import add_routes
+from swarm.coordinator.page import TIMELINE, UPLOT_VERSION, add_routes
+from swarm.coordinator.timeline import NodeSample
+from tests.servers import wait_until
+
+STATIC = Path(__file__).resolve().parents[2] / "swarm" / "coordinator" / "static"
 
 MIB = 1 << 20
 INFO_HASH = "0123456789abcdef0123456789abcdef01234567"
@@ -243,10 +248,55 @@ def test_page_is_self_contained_html(coordinator: str) -> None:
         assert response.headers["Content-Type"].startswith("text/html")
         assert "connect-src 'self'" in response.headers["Content-Security-Policy"]
         page = response.read().decode()
-    assert "/v1/fleet" in page
+    assert "/v1/fleet" in page and "/v1/timeline" in page
+    # uPlot is inlined verbatim from the vendored files, with its licence beside them
+    vendored_js = (STATIC / "uPlot.iife.min.js").read_text()
+    vendored_css = (STATIC / "uPlot.min.css").read_text()
+    assert vendored_js in page and vendored_css in page
+    assert (
+        f"(v{UPLOT_VERSION})" in vendored_js and UPLOT_VERSION in (STATIC / "README.md").read_text()
+    )
+    assert "MIT License" in (STATIC / "uPlot.LICENSE").read_text()
     # No CDN, font or image from elsewhere: a fleet's subnet may have no internet.
+    # (uPlot's banner comment names its repository: that is text, not a request.)
+    ours = page.replace(vendored_js, "").replace(vendored_css, "")
     for reference in ("http://", "https://", "src=", "href=", "@import", "url("):
-        assert reference not in page, f"page references an outside resource: {reference!r}"
+        assert reference not in ours, f"page references an outside resource: {reference!r}"
+    for reference in ("src=", "href=", "@import", "url(", "fetch(", "XMLHttpRequest"):
+        assert reference not in vendored_js + vendored_css, f"uPlot loads something: {reference}"
+
+
+def test_timeline_follows_real_reports(coordinator: str) -> None:
+    """Two reports of one node: the background sampler turns the bytes between them into
+    a rate by source, over the interval between the reports, and the completion into a
+    count."""
+
+    def latest() -> dict:
+        with urllib.request.urlopen(coordinator + "/v1/timeline", timeout=10) as response:
+            return json.loads(response.read())
+
+    first_sent = time.monotonic()
+    post_report(coordinator, "node-a", 6881, bytes_by_source={"peers": 0, "s3": 0})
+    first_done = time.monotonic()
+    wait_until(lambda: (latest()["nodes"] or [0])[-1] == 1, 10, "a sample with node-a")
+    second_sent = time.monotonic()
+    post_report(
+        coordinator,
+        "node-a",
+        6881,
+        have_bytes=64 * MIB,
+        complete=True,
+        bytes_by_source={"peers": 48 * MIB, "s3": 16 * MIB},
+    )
+    second_done = time.monotonic()
+    wait_until(lambda: (latest()["complete"] or [0])[-1] == 1, 10, "a sample of its completion")
+    body = latest()
+    peers, s3 = body["peers"][-1], body["s3"][-1]
+    assert body["udp"][-1] == 0
+    assert peers == pytest.approx(3 * s3, rel=1e-3)  # 48 MiB vs 16 MiB in one interval
+    # the rate is over the time between the two reports as the coordinator got them
+    assert 48 * MIB / (second_done - first_sent) <= peers * 1.001
+    assert peers <= 48 * MIB / (second_sent - first_done) * 1.001
 
 
 def test_page_renders_fleet(
@@ -286,6 +336,62 @@ def test_page_renders_fleet(
         assert near(colour, seen), f"no {source} segment drawn in the bars ({colour})"
     with capsys.disabled():
         print(f"\nstatus page screenshot: {shot}")
+
+
+def feed_timeline(app: web.Application, now: float) -> None:
+    """Five minutes of a scale-out, sampled every second: S3 first, then the swarm
+    takes over, UDP for one far node; nodes complete one after another."""
+    timeline = app[TIMELINE]
+    counts = {"peers": 0, "s3": 0, "udp": 0}
+    for step in range(300):
+        t = now - 300 + step
+        counts["s3"] += (40 if step < 60 else 8) * MIB
+        counts["peers"] += (0 if step < 30 else 90) * MIB
+        counts["udp"] += (15 if 100 <= step < 200 else 0) * MIB
+        done = min(8, max(0, (step - 120) // 15))
+        nodes = [
+            NodeSample(f"node-{i}", t, [_Item(i < done, dict(counts) if i == 0 else {})])
+            for i in range(8)
+        ]
+        timeline.sample(t, nodes)
+
+
+class _Item:
+    info_hash = INFO_HASH
+
+    def __init__(self, complete: bool, bytes_by_source: dict[str, int]) -> None:
+        self.complete = complete
+        self.bytes_by_source = bytes_by_source
+
+
+def test_chart_draws_rates_by_source_and_completions(chromium_bin: str, tmp_path: Path) -> None:
+    """The chart alone (an empty fleet: no node bars), from a timeline of five minutes."""
+
+    async def empty_fleet(request: web.Request) -> web.Response:
+        return web.json_response({"nodes": [], "artifacts": [], "report_interval": 1})
+
+    app = web.Application()
+    app.router.add_get("/v1/fleet", empty_fleet)
+    add_routes(app)
+    feed_timeline(app, time.time())
+    with serve(app) as url:
+        dom = chromium(chromium_bin, tmp_path, url + "/", "--dump-dom").decode()
+        shot = tmp_path / "chart.png"
+        chromium(chromium_bin, tmp_path, url + "/", f"--screenshot={shot}")
+    assert 'class="uplot' in dom and "<canvas" in dom
+    legend = dom[dom.index("u-legend") :]
+    for label in ("peers", "S3", "UDP", "nodes complete"):
+        assert f">{label}<" in legend, f"no {label} series in the chart's legend"
+    now = dom[dom.index('id="chart-now"') :]
+    now = now[: now.index("</div>")]
+    for figure in ("<b>94.4 MB/s</b> from peers", "<b>8.4 MB/s</b> from S3",
+                   "<b>0.0 MB/s</b> from UDP", "<b>8</b> nodes complete"):  # fmt: skip
+        assert figure in now, f"{figure!r} not in {now!r}"
+    assert "last 5 minutes" in dom
+    _, _, rows = read_png(shot.read_bytes())
+    seen = colours(rows)
+    for source, colour in SOURCE_COLOURS.items():  # no bars on this page: these are lines
+        assert near(colour, seen, slack=12), f"no {source} line drawn in the chart ({colour})"
 
 
 def test_page_shows_error_banner_when_fleet_fails(chromium_bin: str, tmp_path: Path) -> None:
