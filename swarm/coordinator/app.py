@@ -3,13 +3,46 @@
 Routes:
     GET  /announce    BitTorrent tracker (BEP 3/23); errors are a bencoded
                       ``failure reason`` with HTTP 200, as clients expect, never a 500
-    POST /v1/report   a node's once-a-second JSON report -> {"ok": true, "interval": 1.0}
+    POST /v1/report   a node's report -> its plans, the interval of its next report,
+                      and the fleet's membership (below)
     GET  /v1/fleet    JSON view of nodes, artifacts, peers and history
     GET  /healthz     liveness: {"ok": true}
     GET  /metrics     Prometheus text format
 
-All the logic is in ``tracker`` (codec), ``fleet`` (state) and ``history`` (SQLite);
-this module only moves bytes, reads the clock and counts.
+``POST /v1/report`` (body: :func:`swarm.coordinator.fleet.parse_report`; at most 1 MiB)
+replies 200 with::
+
+    {"ok": true,
+     "interval": 2.5,            # seconds until the node's next report: follow it
+     "plans": {info_hash: {"stripe": [...], "mode": "stripe", "s3_estimate": ..., "fill": ...}},
+     "members_epoch": "3f9a1c.1287",
+     "members": ["10.0.0.1", ...]          # only when the node needs the whole list
+     "members_delta": ["+10.0.0.7", "-10.0.0.2", ...]}   # or only the changes
+
+- ``interval`` (:func:`report_interval`) grows with the fleet so that the coordinators
+  together receive at most ``report_budget`` reports a second (1 s up to 2,000 nodes
+  at the default budget; 2.5 s at 5,000), between ``REPORT_INTERVAL`` and
+  ``MAX_REPORT_INTERVAL``. A node may report sooner when something happened (a new fetch,
+  a stripe finished); nodes that do not follow it are still answered.
+- Membership (the IPs of the nodes that report, for the fleet's peer filter): a node
+  sends ``members_epoch`` with the epoch it holds (``null`` at first) and gets nothing
+  when its list is current, ``members_delta`` (``"+ip"`` / ``"-ip"`` to apply in order)
+  when it is behind, or ``members`` (the whole list) when the delta is not kept or
+  longer; after applying it holds ``members_epoch``. A node that sends no
+  ``members_epoch`` gets ``members`` in every reply, as before issue 12 (its cost grows
+  with the fleet).
+- 400 ``{"ok": false, "error": ...}``: the report is malformed (the error names the
+  field), including a geometry that disagrees with its size or with the artifact as
+  the coordinator knows it; 503 (with ``Retry-After``): the coordinator is at a bound
+  (too many nodes or too much node state); retry at the next interval.
+
+The work per report and per announce does not grow with the fleet (issue 12): the store
+and the planner keep indexes updated per request, stale state is swept on a timer, and
+a reply holds one plan per reported artifact (at most ``MAX_PLANS``) and stripes of at
+most ``MAX_STRIPE_PIECES`` pieces; only membership changes are sent with it.
+
+All the logic is in ``tracker`` (codec), ``fleet`` (state), ``origin`` (plans) and
+``history`` (SQLite); this module only moves bytes, reads the clock and counts.
 """
 
 from __future__ import annotations
@@ -18,6 +51,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -35,14 +70,18 @@ from swarm.coordinator.fleet import (
     ANNOUNCE_INTERVAL,
     PEER_TTL_INTERVALS,
     REPORT_INTERVAL,
+    REPORT_TTL,
+    REPORT_TTL_INTERVALS,
     MemoryPeerStore,
     NodeReport,
     PeerStore,
     ReportError,
+    StoreFull,
+    parse_epoch,
     parse_report,
 )
 from swarm.coordinator.history import History
-from swarm.coordinator.origin import StripePlanner, bits
+from swarm.coordinator.origin import GeometryError, StripePlanner, bits
 from swarm.coordinator.tracker import (
     RemoteProtocolError,
     encode_failure,
@@ -57,9 +96,38 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN: Final = "0.0.0.0:7070"
 
-EXPIRY_PERIOD: Final = 5.0
+EXPIRY_PERIOD: Final = 1.0
 """Seconds between sweeps of stale peers and nodes. Readers already hide stale entries,
-so the sweep only reclaims memory and keeps the ``swarm_peers`` gauge honest."""
+so the sweep reclaims memory, hands departed nodes' stripes back and updates the
+membership; it pops only what expired, so it costs nothing in a quiet fleet."""
+
+REPORT_BUDGET: Final = 2000.0
+"""Reports per second one coordinator is asked to take (:func:`report_interval`). At
+this rate one process used about 0.6 core on the 2-core benchmark machine
+(bench/coordinator.py), leaving room for announces, the fleet view and bursts."""
+
+MAX_REPORT_INTERVAL: Final = 15.0
+"""Longest interval a reply asks for: past ``MAX_REPORT_INTERVAL x budget`` nodes
+(30,000 at the default budget) the load exceeds the budget instead of the plans going
+stale; more coordinators (``--store redis://``) share such a fleet."""
+
+INTERVAL_STEP: Final = 0.5
+"""Intervals are rounded up to this step, so that the value nodes are told changes
+only when the fleet's size has really changed."""
+
+MAX_PLANS: Final = 64
+"""Plans in one reply (one per reported artifact with a bitfield, in report order)."""
+
+
+def report_interval(nodes: int, budget: float, coordinators: int = 1) -> float:
+    """Seconds between a node's reports so that ``nodes`` nodes send at most ``budget``
+    reports a second to each of ``coordinators``: ``nodes / (budget x coordinators)``,
+    rounded up to ``INTERVAL_STEP``, within [``REPORT_INTERVAL``, ``MAX_REPORT_INTERVAL``].
+    1 s up to 2,000 nodes at the default budget; 2.5 s at 5,000."""
+    wanted = nodes / (budget * max(1, coordinators))
+    stepped = math.ceil(wanted / INTERVAL_STEP) * INTERVAL_STEP
+    return min(MAX_REPORT_INTERVAL, max(REPORT_INTERVAL, stepped))
+
 
 Clock = Callable[[], float]
 
@@ -88,6 +156,13 @@ class _Metrics:
         )
         self.report_failures = Counter(
             "swarm_report_failures", "Node reports rejected as malformed.", registry=self.registry
+        )
+        self.refused = Counter(
+            "swarm_refused",
+            "Reports and announces refused because the coordinator is at a bound "
+            "(nodes, peers, bytes of state); see the coordinator's log.",
+            ["kind"],
+            registry=self.registry,
         )
         self.completions = Counter(
             "swarm_completions",
@@ -124,7 +199,7 @@ class _StoreCollector(Collector):
             peers.add_metric([info_hash.hex(), "leecher"], leechers)
         yield peers
         yield GaugeMetricFamily(
-            "swarm_nodes", "Nodes that reported recently.", value=len(self._store.nodes(now))
+            "swarm_nodes", "Nodes that reported recently.", value=self._store.node_count(now)
         )
 
 
@@ -135,6 +210,7 @@ CLOCK: Final = web.AppKey("clock", Clock)
 INTERVAL: Final = web.AppKey("interval", int)
 PLANNER: Final = web.AppKey("planner", StripePlanner)
 TOKEN: Final = web.AppKey("token", str)
+BUDGET: Final = web.AppKey("budget", float)
 
 OPEN_PATHS: Final = frozenset({"/", "/healthz"})
 """Paths served without the fleet token: the status page shell (its data comes from the
@@ -172,6 +248,7 @@ def make_app(
     expiry_period: float = EXPIRY_PERIOD,
     planner: StripePlanner | None = None,
     token: str | None = None,
+    report_budget: float = REPORT_BUDGET,
 ) -> web.Application:
     """Build the coordinator application.
 
@@ -185,17 +262,25 @@ def make_app(
         planner: origin striping and source-mix decisions (default settings if None).
         token: the fleet token (:func:`swarm.fleetauth.fleet_token`); when set, announces,
             reports, the fleet view and metrics answer 403 without it.
+        report_budget: reports per second this coordinator asks the fleet for
+            (:func:`report_interval`).
 
     Raises:
-        UsageError: ``interval`` or ``expiry_period`` is not positive.
+        UsageError: ``interval``, ``expiry_period`` or ``report_budget`` is not positive.
         SwarmError: the history database cannot be opened.
     """
     if interval < 1:
         raise UsageError(f"announce interval must be >= 1 second, got {interval}")
     if expiry_period <= 0:
         raise UsageError(f"expiry period must be > 0 seconds, got {expiry_period}")
+    if not report_budget > 0:
+        raise UsageError(f"report budget must be > 0 reports/s, got {report_budget}")
     if store is None:
-        store = MemoryPeerStore(peer_ttl=PEER_TTL_INTERVALS * interval)
+        # a fresh generation per process: a node's epoch from an earlier coordinator
+        # never passes for a current one
+        store = MemoryPeerStore(
+            peer_ttl=PEER_TTL_INTERVALS * interval, generation=secrets.token_hex(4)
+        )
     app = web.Application(middlewares=[_require_token] if token else [])
     app[TOKEN] = token or ""
     app[STORE] = store
@@ -204,6 +289,7 @@ def make_app(
     app[CLOCK] = clock
     app[INTERVAL] = int(interval)
     app[PLANNER] = planner or StripePlanner()
+    app[BUDGET] = float(report_budget)
     app.router.add_get("/announce", _announce)
     app.router.add_post("/v1/report", _report)
     app.router.add_get("/v1/fleet", _fleet)
@@ -269,9 +355,13 @@ async def _announce(request: web.Request) -> web.Response:
     try:
         now = app[CLOCK]()
         store = app[STORE]
-        peers = store.announce(announce, ip, now, spare=_spare_upload(app, now))
+        peers = store.announce(announce, ip, now)
         complete, incomplete = store.counts(announce.info_hash, now)
         body = encode_response(app[INTERVAL], peers, complete, incomplete, announce.compact)
+    except StoreFull as error:
+        metrics.refused.labels(kind="announce").inc()
+        log.warning("announce from %s refused: %s", request.remote, error)
+        return _bencoded(encode_failure(f"coordinator is full ({error}); retry later"))
     except Exception:
         # A tracker client treats a 500 as "tracker down" and backs off for minutes; a
         # failure reason is retried at the next interval and shows up in its logs.
@@ -294,20 +384,37 @@ def _remote_ip(request: web.Request) -> str:
 async def _report(request: web.Request) -> web.Response:
     app = request.app
     metrics = app[METRICS]
+    planner = app[PLANNER]
+    store = app[STORE]
     try:
         payload = json.loads(await request.read())
         report = parse_report(payload)
+        for item in report.artifacts:
+            if item.pieces is not None:
+                planner.check(item.info_hash, item.piece_size or 0, item.piece_count or 0)
     except (ValueError, RecursionError) as error:  # bad JSON (or nested too deep), ReportError
         metrics.report_failures.inc()
-        reason = str(error) if isinstance(error, ReportError) else f"body is not JSON: {error}"
+        known = isinstance(error, ReportError | GeometryError)
+        reason = str(error) if known else f"body is not JSON: {error}"
         return web.json_response({"ok": False, "error": reason}, status=400)
     now = app[CLOCK]()
     if report.addr.rpartition(":")[0].strip("[]") in _UNSPECIFIED:
         # A daemon listening on 0.0.0.0 cannot tell its own address; we can.
         port = report.addr.rpartition(":")[2]
         report = replace(report, addr=f"{_remote_ip(request)}:{port}")
-    completions = app[STORE].report(report, now)
-    plans = _plan_origin(app, report, now)
+    interval = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
+    try:
+        completions = store.report(report, now, max(REPORT_TTL, REPORT_TTL_INTERVALS * interval))
+    except StoreFull as error:
+        metrics.refused.labels(kind="report").inc()
+        log.warning("report from %s (%s) refused: %s", report.node, request.remote, error)
+        return web.json_response(
+            {"ok": False, "error": f"coordinator is full ({error}); retry later"},
+            status=503,
+            headers={"Retry-After": str(math.ceil(interval))},
+        )
+    plans = _plan_origin(planner, report, now, interval)
+    store.set_spare(report.addr, planner.spare_upload(report.node))
     metrics.reports.inc()
     for completion in completions:
         try:
@@ -316,19 +423,27 @@ async def _report(request: web.Request) -> web.Response:
         except Exception:
             # History is a record, not a dependency: a full disk must not refuse reports.
             log.exception("cannot record completion of %s by %s", completion.name, completion.node)
-    members = sorted({s.report.addr.rpartition(":")[0].strip("[]") for s in app[STORE].nodes(now)})
-    return web.json_response(
-        {"ok": True, "interval": REPORT_INTERVAL, "plans": plans, "members": members}
+    legacy = "members_epoch" not in payload
+    members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
+    head = json.dumps(
+        {"ok": True, "interval": interval, "plans": plans, "members_epoch": members.epoch}
     )
+    # the member list is kept encoded: splice it in rather than encode it per reply
+    tail = ""
+    if members.members is not None:
+        tail = ', "members": ' + members.members
+    elif members.delta is not None:
+        tail = ', "members_delta": ' + members.delta
+    return web.Response(text=head[:-1] + tail + "}", content_type="application/json")
 
 
 _UNSPECIFIED: Final = {"0.0.0.0", "::"}
 
 
-def _plan_origin(app: web.Application, report: NodeReport, now: float) -> dict[str, object]:
+def _plan_origin(
+    planner: StripePlanner, report: NodeReport, now: float, interval: float
+) -> dict[str, object]:
     """Stripes and modes for each artifact the node reported with its bitfield."""
-    planner = app[PLANNER]
-    planner.prune({state.report.node for state in app[STORE].nodes(now)})
     plans: dict[str, object] = {}
     for item in report.artifacts:
         if item.pieces is None or item.piece_count is None or item.piece_size is None:
@@ -343,19 +458,11 @@ def _plan_origin(app: web.Application, report: NodeReport, now: float) -> dict[s
             counters=dict(item.bytes_by_source),
             up_rate=item.up_rate,
             now=now,
+            interval=interval,
         )
-        plans[item.info_hash] = plan.to_json()
+        if len(plans) < MAX_PLANS:
+            plans[item.info_hash] = plan.to_json()
     return plans
-
-
-def _spare_upload(app: web.Application, now: float) -> dict[tuple[str, int], float]:
-    """Upload headroom per peer address, from the nodes' reports (for peer ranking)."""
-    rates = app[PLANNER].rates
-    spare: dict[tuple[str, int], float] = {}
-    for state in app[STORE].nodes(now):
-        host, _, port = state.report.addr.rpartition(":")
-        spare[(host.strip("[]"), int(port))] = rates.spare_upload(state.report.node)
-    return spare
 
 
 async def _fleet(request: web.Request) -> web.Response:
@@ -370,13 +477,16 @@ async def _fleet(request: web.Request) -> web.Response:
         artifact["availability"] = planner.availability(artifact["info_hash"])
     for node in snapshot["nodes"]:  # type: ignore[union-attr]
         for item in node["artifacts"]:
-            rates = planner.rates.get(node["node"], item["info_hash"])
+            rates = planner.rates(node["node"], item["info_hash"])
             item["rates"] = {k: round(v, 1) for k, v in rates.down.items()} if rates else {}
             item["mode"] = planner.mode(node["node"], item["info_hash"])
+    store = app[STORE]
     body = {
         "time": now,
         "interval": app[INTERVAL],
-        "report_interval": REPORT_INTERVAL,
+        "report_interval": report_interval(
+            store.node_count(now), app[BUDGET], store.coordinators(now)
+        ),
         **snapshot,
         "history": history,
     }
@@ -427,6 +537,7 @@ async def _expire_forever(app: web.Application, period: float) -> None:
         await asyncio.sleep(period)
         try:
             peers, nodes = app[STORE].expire(app[CLOCK]())
+            app[PLANNER].forget(app[STORE].departed())
         except Exception:
             log.exception("expiry sweep failed; retrying in %ss", period)
             continue

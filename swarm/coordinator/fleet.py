@@ -1,22 +1,28 @@
 """The coordinator's soft state: who holds what, how fast nodes move bytes, and expiry.
 
 Everything here is soft (ARCHITECTURE, "Scale beyond one machine"): peers re-announce
-every ``interval`` and nodes report about once a second, so a restarted coordinator is
+every ``interval`` and nodes report every few seconds, so a restarted coordinator is
 whole again within one announce interval. Clocks are passed in as ``now`` (seconds,
 wall clock in production, any float in tests); nothing here imports time or random.
 
-:class:`PeerStore` is the seam for a shared store (Redis) behind several coordinators:
-an implementation provides the storage primitives, and the tracker logic (announce,
-ranking, counts, completion detection, the snapshot) lives once in the base class.
+:class:`PeerStore` is the seam for a shared store (Redis) behind several coordinators.
+Its per-request operations do work independent of the fleet's size (issue 12): expiry
+pops stale entries from the front of insertion-ordered tables, an announce ranks a
+window of a cached ranking, membership is an epoch plus a log of changes. Every input is
+bounded (issue 15): a report's geometry must agree with its size, names and counters
+are capped, and peers, nodes and stored bytes have maxima past which a request is
+refused (:class:`StoreFull`) rather than the process grown.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -37,11 +43,49 @@ PEER_TTL: Final = PEER_TTL_INTERVALS * ANNOUNCE_INTERVAL
 """Seconds after its last announce that a peer is dropped (3 x ``ANNOUNCE_INTERVAL``)."""
 
 REPORT_INTERVAL: Final = 1.0
-"""Seconds between a node's reports; returned to the node in every ``/v1/report`` reply."""
+"""Seconds between a node's reports in a small fleet: the shortest interval a
+``/v1/report`` reply asks for (the coordinator lengthens it with the fleet's size, see
+:func:`swarm.coordinator.app.report_interval`)."""
 
 REPORT_TTL: Final = 10.0
 """Seconds after its last report that a node leaves the fleet view: ten missed reports,
 so a node stalled by a busy disk for a few seconds does not flicker out of ``status``."""
+
+REPORT_TTL_INTERVALS: Final = 3
+"""...or this many report intervals, if longer (the interval grows with the fleet)."""
+
+MAX_PEERS: Final = 100_000
+"""Tracker entries (artifact, peer) kept at once, about 30 MB; an announce from a new
+peer past it gets a failure reason and retries at the next interval."""
+
+MAX_NODES: Final = 50_000
+"""Nodes tracked at once (Kraken runs 8,000 hosts per cluster); a report from a new node
+past it is refused (503) until nodes expire."""
+
+NODE_BUDGET: Final = 64 << 20
+"""Bytes of stored node reports (:func:`report_weight`): 5,000 daemons with one artifact
+take about 6 MB; a flood of 1,024-artifact reports stops here instead of at the OOM
+killer (issue 15)."""
+
+RANK_PERIOD: Final = 1.0
+"""Seconds a swarm's peer ranking is reused. Ranking sorts the swarm; redoing that on
+every announce cost O(N log N) per announce, most of a core at 1,000 nodes (issue 12)."""
+
+RANK_WINDOW: Final = 4
+"""An announce ranks ``RANK_WINDOW x numwant`` candidates from the cached ranking with
+:func:`rank_peers` (its per-requester spread decides among them)."""
+
+MEMBERS_LOG: Final = 65_536
+"""Membership changes kept for deltas; a node further behind gets the whole list."""
+
+MEMBERS_DELTA_MIN: Final = 64
+"""A delta is sent instead of the whole list while it is at most this long or at most
+as long as the list."""
+
+MEMBERS_FULL_PERIOD: Final = 1.0
+"""Seconds the whole member list (sorted, encoded) is reused before it is rebuilt, so a
+thousand nodes joining in a second do not each sort the fleet; a node given it gets the
+changes since as a delta on its next report."""
 
 SPARE_BUCKET: Final = 1 << 20
 """Spare upload capacities within the same MiB/s rank equal (see :func:`rank_peers`)."""
@@ -177,10 +221,15 @@ class NodeState:
     report: NodeReport
     first_seen: float
     last_seen: float
+    expires_at: float = math.inf
+    """When the node leaves the fleet unless it reports again (a few of the report
+    intervals it was told, at least ``REPORT_TTL``)."""
     started: dict[str, float] = field(default_factory=dict)
     """info_hash -> when this node was first seen holding it incomplete."""
     completed: set[str] = field(default_factory=set)
     """info_hashes this node has been seen complete (a completion is recorded once)."""
+    weight: int = 0
+    """Bytes this state takes, about (:func:`report_weight`), for the store's budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,12 +330,47 @@ def parse_report(payload: object) -> NodeReport:
     return NodeReport(node=node, addr=addr, artifacts=artifacts)
 
 
-class PeerStore(ABC):
-    """Soft state of the swarm: peers by (info_hash, peer_id), node reports by node id.
+class StoreFull(Exception):
+    """The store is at a bound (peers, nodes, or bytes of node state); the message says
+    which. Reported to the client as retryable: state expires, and room comes back."""
 
-    Subclasses implement storage (the abstract methods); readers must already hide
-    entries older than ``peer_ttl``/``report_ttl`` so correctness never waits on
-    :meth:`expire`, which only reclaims space.
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """The membership part of a report reply (:meth:`PeerStore.members`).
+
+    ``epoch`` names the list the node holds once it applied this reply; ``members`` (the
+    whole list) or ``delta`` (ops to apply in order) are JSON array texts, ready to embed
+    in the reply; both ``None`` means the node's list is current."""
+
+    epoch: str
+    members: str | None = None
+    delta: str | None = None
+
+
+def report_weight(report: NodeReport) -> int:
+    """Bytes a node's stored report takes, about (Python objects, measured with
+    tracemalloc for the daemon's report: ~0.9 KB for one artifact of three sources)."""
+    return NODE_WEIGHT + sum(
+        ARTIFACT_WEIGHT + 2 * len(item.name) + SOURCE_WEIGHT * len(item.bytes_by_source)
+        for item in report.artifacts
+    )
+
+
+NODE_WEIGHT: Final = 512
+ARTIFACT_WEIGHT: Final = 512
+SOURCE_WEIGHT: Final = 128
+
+
+class PeerStore(ABC):
+    """Soft state of the swarm: peers by (info_hash, peer_id), node reports by node id,
+    and the fleet's membership (the addresses of the nodes that report).
+
+    Subclasses implement storage; readers must already hide entries older than
+    ``peer_ttl`` / a node's own TTL so correctness never waits on :meth:`expire`, which
+    only reclaims space. Every per-request operation (announce, report, members) does
+    work independent of the fleet's size; only the fleet view (:meth:`snapshot`) and the
+    sweep walk the fleet.
     """
 
     def __init__(self, peer_ttl: float = PEER_TTL, report_ttl: float = REPORT_TTL) -> None:
@@ -297,85 +381,105 @@ class PeerStore(ABC):
         self.peer_ttl = peer_ttl
         self.report_ttl = report_ttl
 
-    # -- storage primitives -------------------------------------------------------------
+    # -- tracker ------------------------------------------------------------------------
+
+    @abstractmethod
+    def announce(self, a: Announce, ip: str, now: float) -> list[Peer]:
+        """Record an announce from ``ip`` (already normalised) and return the peers to
+        hand back: up to ``a.numwant`` others, ranked by :func:`rank_peers` among the
+        best candidates (see :func:`pick_candidates`). ``event=stopped`` forgets the
+        peer and returns none (BEP 3).
+
+        Raises:
+            StoreFull: a new peer past ``MAX_PEERS``.
+        """
+
+    @abstractmethod
+    def counts(self, info_hash: bytes, now: float) -> tuple[int, int]:
+        """``(complete, incomplete)`` for a tracker reply."""
 
     @abstractmethod
     def get_peer(self, info_hash: bytes, peer_id: bytes, now: float) -> PeerRecord | None:
         """The live record, or ``None`` if absent or expired."""
 
     @abstractmethod
-    def put_peer(self, record: PeerRecord) -> None: ...
-
-    @abstractmethod
-    def drop_peer(self, info_hash: bytes, peer_id: bytes) -> None: ...
-
-    @abstractmethod
     def peers(self, info_hash: bytes, now: float) -> list[PeerRecord]:
-        """Live peers of one artifact, in no particular order."""
+        """Live peers of one artifact, in no particular order (the fleet view's)."""
 
     @abstractmethod
     def info_hashes(self, now: float) -> list[bytes]:
         """Artifacts with at least one live peer."""
 
     @abstractmethod
+    def set_spare(self, addr: str, spare: float) -> None:
+        """Upload headroom (bytes/s) of the node listening at ``addr``, for ranking."""
+
+    # -- nodes --------------------------------------------------------------------------
+
+    @abstractmethod
     def get_node(self, node: str, now: float) -> NodeState | None: ...
 
     @abstractmethod
-    def put_node(self, state: NodeState) -> None: ...
+    def put_node(self, state: NodeState) -> None:
+        """Keep ``state`` as the node's latest (its ``expires_at`` set).
+
+        Raises:
+            StoreFull: a new node past ``MAX_NODES``, or more node state than the budget.
+        """
 
     @abstractmethod
     def nodes(self, now: float) -> list[NodeState]:
-        """Nodes that reported within ``report_ttl``."""
+        """Nodes whose last report has not expired (the fleet view's)."""
+
+    @abstractmethod
+    def node_count(self, now: float) -> int:
+        """About how many nodes report (stale ones count until the next sweep)."""
+
+    @abstractmethod
+    def members(self, epoch: str | None, now: float, legacy: bool = False) -> Members:
+        """The membership a node holding list ``epoch`` (``None``: none yet) needs: nothing
+        if it is current, else the changes since (``delta``), or the whole list when
+        the changes are not kept or would be longer. ``legacy``: the node sends no epoch
+        and wants the whole list every time (daemons before issue 12)."""
 
     @abstractmethod
     def expire(self, now: float) -> tuple[int, int]:
-        """Drop stale peers and nodes; return how many of each were dropped."""
+        """Drop stale peers and nodes; return how many of each were dropped since the
+        last call (readers may drop stale peers on the way, and those count too)."""
 
-    # -- tracker logic (shared by every store) ------------------------------------------
+    @abstractmethod
+    def departed(self) -> list[str]:
+        """Node ids dropped since the last call (the planner forgets them)."""
 
-    def announce(
-        self,
-        a: Announce,
-        ip: str,
-        now: float,
-        spare: Mapping[tuple[str, int], float] | None = None,
-    ) -> list[Peer]:
-        """Record an announce from ``ip`` (already normalised) and return the peers to
-        hand back: up to ``a.numwant`` others, ranked by :func:`rank_peers`.
-        ``event=stopped`` forgets the peer and returns none (BEP 3)."""
-        if a.event == "stopped":
-            self.drop_peer(a.info_hash, a.peer_id)
-            return []
-        previous = self.get_peer(a.info_hash, a.peer_id, now)
-        self.put_peer(
-            PeerRecord(
-                info_hash=a.info_hash,
-                peer_id=a.peer_id,
-                ip=ip,
-                port=a.port,
-                left=a.left,
-                uploaded=a.uploaded,
-                downloaded=a.downloaded,
-                first_seen=previous.first_seen if previous else now,
-                last_seen=now,
-                completed=a.event == "completed" or (previous is not None and previous.completed),
-            )
-        )
-        ranked = rank_peers(self.peers(a.info_hash, now), a.peer_id, a.numwant, (ip, a.port), spare)
-        return [record.peer for record in ranked]
+    def coordinators(self, now: float) -> int:
+        """Coordinators sharing this store's fleet (1 unless the store is shared)."""
+        return 1
 
-    def counts(self, info_hash: bytes, now: float) -> tuple[int, int]:
-        """``(complete, incomplete)`` for a tracker reply."""
-        return count_peers(self.peers(info_hash, now))
+    # -- shared logic -------------------------------------------------------------------
 
-    def report(self, report: NodeReport, now: float) -> list[Completion]:
-        """Keep ``report`` as the node's latest; return the artifacts it completed for the
-        first time since this coordinator has known it (history records those)."""
+    def report(self, report: NodeReport, now: float, ttl: float | None = None) -> list[Completion]:
+        """Keep ``report`` as the node's latest until ``now + ttl`` (default the store's
+        ``report_ttl``); return the artifacts it completed for the first time since this
+        coordinator has known it (history records those). Bitfields are not kept: the
+        planner holds them.
+
+        Raises:
+            StoreFull: see :meth:`put_node`; nothing is recorded then.
+        """
+        report = slim(report)
         previous = self.get_node(report.node, now)
+        expires = now + (self.report_ttl if ttl is None else ttl)
         state = (
-            replace(previous, report=report, last_seen=now)
+            replace(
+                previous,
+                report=report,
+                last_seen=now,
+                expires_at=expires,
+                started=dict(previous.started),
+                completed=set(previous.completed),
+            )
             if previous
-            else NodeState(report=report, first_seen=now, last_seen=now)
+            else NodeState(report=report, first_seen=now, last_seen=now, expires_at=expires)
         )
         completions = []
         for item in report.artifacts:
@@ -400,6 +504,10 @@ class PeerStore(ABC):
                     bytes_by_source=dict(item.bytes_by_source),
                 )
             )
+        # forget artifacts the node no longer lists, so its state stays bounded
+        listed = {item.info_hash for item in report.artifacts}
+        state.started = {k: v for k, v in state.started.items() if k in listed}
+        state.completed &= listed
         self.put_node(state)
         return completions
 
@@ -437,6 +545,64 @@ class PeerStore(ABC):
                 for view in sorted(views.values(), key=lambda view: (view.name, view.info_hash))
             ],
         }
+
+
+def slim(report: NodeReport) -> NodeReport:
+    """``report`` without its bitfields (the planner keeps those, as ints)."""
+    if all(item.pieces is None for item in report.artifacts):
+        return report
+    return replace(report, artifacts=tuple(replace(item, pieces=None) for item in report.artifacts))
+
+
+def host_of(addr: str) -> str:
+    """The IP of an ``ip:port`` / ``[ip]:port`` address (as normalised by parse_report)."""
+    return addr.rpartition(":")[0].strip("[]")
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def parse_epoch(epoch: object) -> str | None:
+    """A node's ``members_epoch`` as sent: a short string, or None for anything else."""
+    return epoch if isinstance(epoch, str) and 0 < len(epoch) <= MAX_EPOCH else None
+
+
+MAX_EPOCH: Final = 64
+
+
+def pick_candidates(
+    ranked: Sequence[PeerRecord],
+    runs: Sequence[tuple[int, int]],
+    requester: bytes,
+    want: int,
+) -> list[PeerRecord]:
+    """Up to ``want`` peers from ``ranked`` (a swarm sorted by :func:`class_key`, with
+    ``runs`` the ``[start, end)`` spans of equal keys): whole classes from the best down,
+    then, from the first class that does not fit, a window of it that starts at an
+    offset given by the requester's id. So each requester still gets its own stable
+    slice of a thousand equal seeders (the spread of :func:`rank_peers`) without the
+    whole swarm being sorted for it."""
+    out: list[PeerRecord] = []
+    for start, end in runs:
+        size = end - start
+        room = want - len(out)
+        if size <= room:
+            out.extend(ranked[start:end])
+        else:
+            offset = int.from_bytes(_spread(requester, b"window"), "big") % size
+            picked = [ranked[start + (offset + k) % size] for k in range(room)]
+            out.extend(picked)
+        if len(out) >= want:
+            break
+    return out
+
+
+def class_key(peer: PeerRecord, spare: Mapping[tuple[str, int], float]) -> tuple[bool, int, int]:
+    """:func:`rank_peers`' order without its per-requester tie-break."""
+    bucket = int(spare.get((peer.ip, peer.port), 0.0) // SPARE_BUCKET)
+    return (not peer.seeder, -bucket, peer.left)
 
 
 @dataclass(slots=True)
@@ -488,62 +654,260 @@ class _ArtifactView:
         }
 
 
+@dataclass(slots=True)
+class _Swarm:
+    """One artifact's peers, oldest announce first (expiry pops from the front), with a
+    ranking rebuilt at most every ``RANK_PERIOD`` seconds."""
+
+    peers: OrderedDict[bytes, PeerRecord] = field(default_factory=OrderedDict)
+    seeders: int = 0
+    ranked: list[PeerRecord] = field(default_factory=list)
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    ranked_at: float | None = None
+
+
 class MemoryPeerStore(PeerStore):
-    """In-process store: dictionaries, for a single coordinator."""
+    """In-process store for a single coordinator. Peers and nodes sit in insertion-ordered
+    dictionaries refreshed on each announce or report, so expiry pops stale entries
+    from the front; membership is a reference count per IP plus a log of changes."""
 
-    def __init__(self, peer_ttl: float = PEER_TTL, report_ttl: float = REPORT_TTL) -> None:
+    def __init__(
+        self,
+        peer_ttl: float = PEER_TTL,
+        report_ttl: float = REPORT_TTL,
+        *,
+        generation: str = "0",
+        max_peers: int = MAX_PEERS,
+        max_nodes: int = MAX_NODES,
+        node_budget: int = NODE_BUDGET,
+    ) -> None:
         super().__init__(peer_ttl, report_ttl)
-        self._peers: dict[bytes, dict[bytes, PeerRecord]] = {}
-        self._nodes: dict[str, NodeState] = {}
+        self.generation = generation
+        self.max_peers = max_peers
+        self.max_nodes = max_nodes
+        self.node_budget = node_budget
+        self._swarms: dict[bytes, _Swarm] = {}
+        self._peer_count = 0
+        self._dropped_peers = 0
+        self._nodes: OrderedDict[str, NodeState] = OrderedDict()
+        self._weight = 0
+        self._departed: list[str] = []
+        self._spare: dict[tuple[str, int], float] = {}
+        self._ip_refs: dict[str, int] = {}
+        self._seq = 0
+        self._log: list[str] = []
+        """JSON texts of membership ops ("+ip" / "-ip"); ``_log[i]`` made epoch
+        ``_log_first + i``."""
+        self._log_first = 1
+        self._full: tuple[int, str, float] | None = None
+        """(seq, JSON text of the sorted list, built at)."""
 
-    def _live(self, record: PeerRecord, now: float) -> bool:
-        return now - record.last_seen <= self.peer_ttl
+    # -- peers --------------------------------------------------------------------------
+
+    def _trim(self, info_hash: bytes, swarm: _Swarm, now: float) -> None:
+        peers = swarm.peers
+        while peers:
+            oldest = next(iter(peers.values()))
+            if now - oldest.last_seen <= self.peer_ttl:
+                break
+            self._remove_peer(info_hash, swarm, oldest.peer_id)
+            self._dropped_peers += 1
+
+    def _remove_peer(self, info_hash: bytes, swarm: _Swarm, peer_id: bytes) -> None:
+        record = swarm.peers.pop(peer_id, None)
+        if record is None:
+            return
+        self._peer_count -= 1
+        swarm.seeders -= record.seeder
+        if not swarm.peers:
+            del self._swarms[info_hash]
+
+    def announce(self, a: Announce, ip: str, now: float) -> list[Peer]:
+        swarm = self._swarms.get(a.info_hash)
+        if a.event == "stopped":
+            if swarm is not None:
+                self._remove_peer(a.info_hash, swarm, a.peer_id)
+            return []
+        if swarm is not None:
+            self._trim(a.info_hash, swarm, now)
+            swarm = self._swarms.get(a.info_hash)
+        previous = swarm.peers.get(a.peer_id) if swarm is not None else None
+        if previous is None and self._peer_count >= self.max_peers:
+            raise StoreFull(f"the tracker holds {self._peer_count} peers, its maximum")
+        if swarm is None:
+            swarm = self._swarms[a.info_hash] = _Swarm()
+        record = PeerRecord(
+            info_hash=a.info_hash,
+            peer_id=a.peer_id,
+            ip=ip,
+            port=a.port,
+            left=a.left,
+            uploaded=a.uploaded,
+            downloaded=a.downloaded,
+            first_seen=previous.first_seen if previous else now,
+            last_seen=now,
+            completed=a.event == "completed" or (previous is not None and previous.completed),
+        )
+        if previous is None:
+            self._peer_count += 1
+        else:
+            swarm.seeders -= previous.seeder
+            swarm.peers.move_to_end(a.peer_id)
+        swarm.peers[a.peer_id] = record
+        swarm.seeders += record.seeder
+        ranked = rank_peers(
+            self._candidates(swarm, a, now), a.peer_id, a.numwant, (ip, a.port), self._spare
+        )
+        return [peer.peer for peer in ranked]
+
+    def _candidates(self, swarm: _Swarm, a: Announce, now: float) -> list[PeerRecord]:
+        want = RANK_WINDOW * a.numwant + 2  # room for the requester itself
+        if a.numwant <= 0:
+            return []
+        if len(swarm.peers) <= want:
+            return list(swarm.peers.values())
+        if swarm.ranked_at is None or not 0 <= now - swarm.ranked_at < RANK_PERIOD:
+            spare = self._spare
+            ranked = sorted(
+                swarm.peers.values(),
+                key=lambda p: (*class_key(p, spare), _spread(b"", p.peer_id)),
+            )
+            runs: list[tuple[int, int]] = []
+            start = 0
+            for index in range(1, len(ranked) + 1):
+                if index == len(ranked) or class_key(ranked[index], spare) != class_key(
+                    ranked[start], spare
+                ):
+                    runs.append((start, index))
+                    start = index
+            swarm.ranked, swarm.runs, swarm.ranked_at = ranked, runs, now
+        live = swarm.peers
+        picked = pick_candidates(swarm.ranked, swarm.runs, a.peer_id, want)
+        # the ranking may be a second old: take each peer's current record, if it has one
+        return [live[p.peer_id] for p in picked if p.peer_id in live]
+
+    def counts(self, info_hash: bytes, now: float) -> tuple[int, int]:
+        swarm = self._swarms.get(info_hash)
+        if swarm is None:
+            return 0, 0
+        self._trim(info_hash, swarm, now)
+        return swarm.seeders, len(swarm.peers) - swarm.seeders
 
     def get_peer(self, info_hash: bytes, peer_id: bytes, now: float) -> PeerRecord | None:
-        record = self._peers.get(info_hash, {}).get(peer_id)
-        return record if record is not None and self._live(record, now) else None
-
-    def put_peer(self, record: PeerRecord) -> None:
-        self._peers.setdefault(record.info_hash, {})[record.peer_id] = record
-
-    def drop_peer(self, info_hash: bytes, peer_id: bytes) -> None:
-        swarm = self._peers.get(info_hash)
-        if swarm is not None:
-            swarm.pop(peer_id, None)
-            if not swarm:
-                del self._peers[info_hash]
+        swarm = self._swarms.get(info_hash)
+        record = swarm.peers.get(peer_id) if swarm is not None else None
+        return record if record is not None and now - record.last_seen <= self.peer_ttl else None
 
     def peers(self, info_hash: bytes, now: float) -> list[PeerRecord]:
-        return [r for r in self._peers.get(info_hash, {}).values() if self._live(r, now)]
+        swarm = self._swarms.get(info_hash)
+        if swarm is None:
+            return []
+        self._trim(info_hash, swarm, now)
+        return list(swarm.peers.values())
 
     def info_hashes(self, now: float) -> list[bytes]:
-        return [
-            h for h, swarm in self._peers.items() if any(self._live(r, now) for r in swarm.values())
-        ]
+        for info_hash, swarm in list(self._swarms.items()):
+            self._trim(info_hash, swarm, now)
+        return list(self._swarms)
+
+    def set_spare(self, addr: str, spare: float) -> None:
+        self._spare[split_addr(addr)] = spare
+
+    # -- nodes --------------------------------------------------------------------------
 
     def get_node(self, node: str, now: float) -> NodeState | None:
         state = self._nodes.get(node)
-        return state if state is not None and now - state.last_seen <= self.report_ttl else None
+        return state if state is not None and now <= state.expires_at else None
 
     def put_node(self, state: NodeState) -> None:
-        self._nodes[state.report.node] = state
+        node = state.report.node
+        old = self._nodes.get(node)
+        weight = report_weight(state.report)
+        grows = weight - (old.weight if old is not None else 0)
+        if old is None and len(self._nodes) >= self.max_nodes:
+            raise StoreFull(f"the coordinator tracks {len(self._nodes)} nodes, its maximum")
+        if grows > 0 and self._weight + grows > self.node_budget:
+            raise StoreFull(f"node state is at its budget ({self.node_budget} bytes)")
+        state.weight = weight
+        self._weight += grows
+        if old is None:
+            self._ref(host_of(state.report.addr), 1)
+        else:
+            self._nodes.move_to_end(node)
+            if old.report.addr != state.report.addr:
+                self._spare.pop(split_addr(old.report.addr), None)
+                self._ref(host_of(state.report.addr), 1)
+                self._ref(host_of(old.report.addr), -1)
+        self._nodes[node] = state
 
     def nodes(self, now: float) -> list[NodeState]:
-        return [s for s in self._nodes.values() if now - s.last_seen <= self.report_ttl]
+        return [s for s in self._nodes.values() if now <= s.expires_at]
+
+    def node_count(self, now: float) -> int:
+        return len(self._nodes)
 
     def expire(self, now: float) -> tuple[int, int]:
-        dropped_peers = 0
-        for info_hash in list(self._peers):
-            swarm = self._peers[info_hash]
-            for peer_id in [p for p, r in swarm.items() if not self._live(r, now)]:
-                del swarm[peer_id]
-                dropped_peers += 1
-            if not swarm:
-                del self._peers[info_hash]
-        stale = [n for n, s in self._nodes.items() if now - s.last_seen > self.report_ttl]
-        for node in stale:
+        for info_hash, swarm in list(self._swarms.items()):
+            self._trim(info_hash, swarm, now)
+        dropped_peers, self._dropped_peers = self._dropped_peers, 0
+        # Nodes sit in report order; their TTLs differ a little (they follow the interval
+        # each was told), so a node may outlive its TTL behind an older one by as much.
+        # Readers hide it meanwhile.
+        dropped_nodes = 0
+        while self._nodes:
+            node, state = next(iter(self._nodes.items()))
+            if now <= state.expires_at:
+                break
             del self._nodes[node]
-        return dropped_peers, len(stale)
+            self._weight -= state.weight
+            self._spare.pop(split_addr(state.report.addr), None)
+            self._ref(host_of(state.report.addr), -1)
+            self._departed.append(node)
+            dropped_nodes += 1
+        return dropped_peers, dropped_nodes
+
+    def departed(self) -> list[str]:
+        gone, self._departed = self._departed, []
+        return gone
+
+    # -- membership ---------------------------------------------------------------------
+
+    def _ref(self, ip: str, delta: int) -> None:
+        count = self._ip_refs.get(ip, 0) + delta
+        if count > 0:
+            self._ip_refs[ip] = count
+            if count == delta:  # 0 -> positive: a new member
+                self._log_op("+" + ip)
+        else:
+            self._ip_refs.pop(ip, None)
+            self._log_op("-" + ip)
+
+    def _log_op(self, op: str) -> None:
+        self._seq += 1
+        self._log.append(json.dumps(op))
+        if len(self._log) > 2 * MEMBERS_LOG:
+            del self._log[:MEMBERS_LOG]
+            self._log_first += MEMBERS_LOG
+
+    def members(self, epoch: str | None, now: float, legacy: bool = False) -> Members:
+        current = f"{self.generation}.{self._seq}"
+        if not legacy and epoch == current:
+            return Members(current)
+        if not legacy and epoch is not None:
+            generation, _, seq_text = epoch.rpartition(".")
+            seq = int(seq_text) if seq_text.isdigit() and len(seq_text) < 19 else -1
+            behind = self._seq - seq
+            if (
+                generation == self.generation
+                and seq + 1 >= self._log_first
+                and 0 < behind <= max(MEMBERS_DELTA_MIN, len(self._ip_refs))
+            ):
+                ops = self._log[seq + 1 - self._log_first :]
+                return Members(current, delta="[" + ",".join(ops) + "]")
+        full = self._full
+        if full is None or (full[0] != self._seq and now - full[2] >= MEMBERS_FULL_PERIOD):
+            full = self._full = (self._seq, json.dumps(sorted(self._ip_refs)), now)
+        return Members(f"{self.generation}.{full[0]}", members=full[1])
 
 
 # -- report validation helpers ------------------------------------------------------------

@@ -1,26 +1,43 @@
 """Origin coordination: per-node rates, and which node reads which pieces from S3.
 
-Pure state machines fed by node reports with ``now`` passed in (no clock, no I/O), kept
-apart from :mod:`swarm.coordinator.fleet` (the tracker's peer store) because they are
-the coordinator's *decisions*, while the peer store is its *memory*.
+Decisions here are pure (no clock, no I/O: ``now`` is passed in), kept apart from
+:mod:`swarm.coordinator.fleet` (the tracker's peer store) because they are the
+coordinator's *decisions*, while the peer store is its *memory*.
 
-``RateBook``: EMAs of each node's per-source download rate and upload rate, from the
-cumulative byte counters in its reports (rates computed here, not trusted from nodes).
+Rates: EMAs of each node's per-source download rate and upload rate, from the cumulative
+byte counters in its reports (rates computed here, not trusted from nodes).
 
 ``StripePlanner``: each piece should leave S3 about once while the swarm spreads it.
 A node reading the origin is handed a *stripe*: up to ``stripe_bytes`` (or
-``STRIPE_SECONDS`` of its S3 rate, if more) of pieces that
-no node holds and no other node is reading, lowest index first (every such piece has
-availability zero, so "rarest first" is a tie broken by position, which keeps a stripe
-contiguous and its ranged GETs large). Pieces held by anyone leave the stripes; a node
-whose stripe made no progress for ``stall_seconds``, or that stopped reporting, loses
-it, and the pieces go to the next node that asks. At most ``max_readers`` nodes read
-the origin at once (the S3 request budget).
+``STRIPE_SECONDS`` of its S3 rate, if more) of pieces that no node holds and no other
+node is reading, lowest index first (every such piece has availability zero, so "rarest
+first" is a tie broken by position, which keeps a stripe contiguous and its ranged GETs
+large). Pieces held by anyone leave the stripes; a node whose stripe made no progress
+for ``stall_seconds`` (or two report intervals, if longer), or that stopped reporting,
+loses it, and the pieces go to the next node that asks. At most ``max_readers`` nodes
+read the origin at once (the S3 request budget).
+
+Work per report is independent of the fleet's size (issue 12): per artifact the state
+keeps each piece's availability count and their union, updated from the *change* in a
+node's bitfield; the stripes, the readers and their S3 rates are indexed by node; a
+reply names at most ``MAX_STRIPE_PIECES`` pieces. Planning is two-phase so that the
+state can live in a shared store (Redis) behind several coordinators: :meth:`PlanState.load`
+reads what the policy needs, the policy decides in Python, and :meth:`PlanState.commit`
+applies the bitfield change and claims the stripe in one atomic step.
+
+Bounds (issue 15): an artifact's geometry is fixed by its first report (an info-hash
+names its piece size and count, so a report that disagrees is refused); the state is
+capped at ``MAX_ARTIFACTS`` artifacts and ``STATE_BUDGET`` bytes of bitfields and
+counts. Past the cap a report gets no plan: the node decides alone, as it does when the
+coordinator is down.
 """
 
 from __future__ import annotations
 
 import statistics
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -40,9 +57,32 @@ STALL_SECONDS: Final = 6.0
 """A stripe with no finished piece for this long is handed to others (a stuck GET
 retries for longer than this only when S3 is failing anyway)."""
 
+STALL_INTERVALS: Final = 2.0
+"""...or for this many report intervals, if longer: at a 5 s interval the coordinator
+sees a stripe's progress only every 5 s, and a working reader must not lose it."""
+
 DEFAULT_MAX_READERS: Final = 16
 """Nodes reading the origin at once. 16 x 2 ranges in flight stays far below S3's
 per-prefix limit (5,500 GET/s) and leaves most of a fleet to the swarm."""
+
+MAX_STRIPE_PIECES: Final = 1024
+"""Most pieces one stripe (one reply) names: about 6 KB of JSON. 1,024 pieces of 1 MiB
+is 4 s of a 2 Gbit/s S3 reader; a faster reader asks again when it is done."""
+
+MAX_ARTIFACTS: Final = 1024
+"""Artifacts planned at once; a report for another one gets no plan (the node decides
+alone) until one expires."""
+
+STATE_BUDGET: Final = 64 << 20
+"""Bytes of piece state (bitfields and availability counts) the planner keeps; past it,
+new (node, artifact) pairs get no plan. 5,000 nodes on a 2,048-piece artifact take
+1.3 MB."""
+
+ESTIMATE_SAMPLE: Final = 64
+"""Readers whose S3 rates the per-reader estimate is the median of (any 64 of them)."""
+
+_COUNT_BYTES: Final = 4
+"""Bytes per piece of an artifact's availability counts (``array('I')``)."""
 
 
 def bits(blob: bytes, count: int) -> int:
@@ -52,6 +92,29 @@ def bits(blob: bytes, count: int) -> int:
     value = value >> excess if excess > 0 else value << -excess
     # reverse so that bit i is piece i: piece 0 is the highest of ``count`` bits
     return int(format(value, f"0{count}b")[::-1], 2) if count else 0
+
+
+def set_bits(value: int) -> list[int]:
+    """Indices of the set bits of ``value``, ascending."""
+    if value.bit_count() <= 32:
+        out = []
+        while value:
+            low = value & -value
+            out.append(low.bit_length() - 1)
+            value ^= low
+        return out
+    text = format(value, "b")[::-1]
+    return [i for i, c in enumerate(text) if c == "1"]
+
+
+def lowest_bits(value: int, limit: int) -> list[int]:
+    """Up to ``limit`` lowest set bits of ``value``, ascending."""
+    out = []
+    while value and len(out) < limit:
+        low = value & -value
+        out.append(low.bit_length() - 1)
+        value ^= low
+    return out
 
 
 @dataclass
@@ -64,78 +127,48 @@ class NodeRates:
     up: float = 0.0
     up_peak: float = 0.0
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "at": self.at,
+            "counters": self.counters,
+            "down": self.down,
+            "up": self.up,
+            "up_peak": self.up_peak,
+        }
 
-class RateBook:
-    """EMAs per (node, artifact) and source, from cumulative counters."""
-
-    def __init__(self) -> None:
-        self._rates: dict[tuple[str, str], NodeRates] = {}
-
-    def update(
-        self, node: str, info_hash: str, counters: dict[str, int], up_rate: float, now: float
-    ) -> NodeRates:
-        key = (node, info_hash)
-        previous = self._rates.get(key)
-        if previous is None:
-            entry = NodeRates(now, dict(counters), {s: 0.0 for s in counters}, up_rate, up_rate)
-            self._rates[key] = entry
-            return entry
-        dt = now - previous.at
-        for source, total in counters.items():
-            sample = rate(previous.counters.get(source, 0), total, dt)
-            previous.down[source] = ema(previous.down.get(source), sample, dt)
-        previous.up = ema(previous.up, up_rate, dt)
-        previous.up_peak = max(previous.up_peak, previous.up)
-        previous.counters = dict(counters)
-        previous.at = max(previous.at, now)
-        return previous
-
-    def get(self, node: str, info_hash: str) -> NodeRates | None:
-        return self._rates.get((node, info_hash))
-
-    def s3_per_reader(self, info_hash: str, readers: set[str]) -> float | None:
-        """Median S3 rate of the nodes reading this artifact's origin now (None if none)."""
-        values = [
-            r.down.get("s3", 0.0)
-            for (node, ih), r in self._rates.items()
-            if ih == info_hash and node in readers and r.down.get("s3", 0.0) > 0
-        ]
-        return statistics.median(values) if values else None
-
-    def spare_upload(self, node: str) -> float:
-        """Upload headroom seen for ``node``: its peak upload EMA minus its current one."""
-        entries = [r for (n, _), r in self._rates.items() if n == node]
-        if not entries:
-            return 0.0
-        return max(0.0, max(r.up_peak for r in entries) - sum(r.up for r in entries))
-
-    def forget(self, alive: set[str]) -> None:
-        for key in [k for k in self._rates if k[0] not in alive]:
-            del self._rates[key]
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> NodeRates:
+        return cls(
+            float(data["at"]),  # type: ignore[arg-type]
+            {str(k): int(v) for k, v in data["counters"].items()},  # type: ignore[union-attr]
+            {str(k): float(v) for k, v in data["down"].items()},  # type: ignore[union-attr]
+            float(data["up"]),  # type: ignore[arg-type]
+            float(data["up_peak"]),  # type: ignore[arg-type]
+        )
 
 
-@dataclass
-class _Artifact:
-    count: int
-    held: dict[str, int] = field(default_factory=dict)
-    assigned: dict[int, str] = field(default_factory=dict)
-    progress_at: dict[str, float] = field(default_factory=dict)
-    modes: dict[str, MixState] = field(default_factory=dict)
-    wide_readers: set[str] = field(default_factory=set)
-    s3_estimate: float | None = None
-    """What S3 gives one reader (:func:`swarm.policy.s3_capacity`): kept, slowly decaying,
-    when nobody reads the origin any more (every piece is held somewhere), which is
-    exactly when a slow swarm should widen to S3."""
-    estimated_at: float | None = None
+def update_rates(
+    previous: NodeRates | None, counters: dict[str, int], up_rate: float, now: float
+) -> NodeRates:
+    """The node's rates after a report with cumulative ``counters`` at ``now``."""
+    if previous is None:
+        return NodeRates(now, dict(counters), {s: 0.0 for s in counters}, up_rate, up_rate)
+    dt = now - previous.at
+    down = dict(previous.down)
+    for source, total in counters.items():
+        sample = rate(previous.counters.get(source, 0), total, dt)
+        down[source] = ema(down.get(source), sample, dt)
+    up = ema(previous.up, up_rate, dt)
+    return NodeRates(max(previous.at, now), dict(counters), down, up, max(previous.up_peak, up))
 
-    def held_any(self) -> int:
-        union = 0
-        for value in self.held.values():
-            union |= value
-        return union
 
-    def readers(self) -> set[str]:
-        return set(self.assigned.values()) | self.wide_readers
+def spare_upload(rates: Iterable[NodeRates]) -> float:
+    """Upload headroom of a node: its peak upload EMA minus its current one, over its
+    artifacts (0 for a node with no rates)."""
+    entries = list(rates)
+    if not entries:
+        return 0.0
+    return max(0.0, max(r.up_peak for r in entries) - sum(r.up for r in entries))
 
 
 @dataclass(frozen=True)
@@ -159,6 +192,309 @@ class OriginPlan:
         }
 
 
+# -- the state seam ------------------------------------------------------------------------
+
+
+class GeometryError(ValueError):
+    """A report's piece size or count disagrees with what this artifact is known as."""
+
+
+@dataclass(frozen=True)
+class ArtifactView:
+    """What planning one report needs, read before deciding (:meth:`PlanState.load`)."""
+
+    union: int
+    """Pieces held by any node (bit i = piece i)."""
+    estimate: float | None
+    estimated_at: float | None
+    reader_s3: tuple[tuple[str, float], ...]
+    """(node, S3 rate EMA) of up to ``ESTIMATE_SAMPLE`` nodes reading the origin now,
+    this node first if it is one."""
+    rates: NodeRates | None
+    """This node's rates for the artifact, as of its previous report."""
+    mode: MixState | None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The decided part of one report, applied atomically (:meth:`PlanState.commit`)."""
+
+    node: str
+    info_hash: str
+    held: int
+    complete: bool
+    wide: bool
+    want: int
+    """Pieces the node's stripe should hold (already capped by ``MAX_STRIPE_PIECES``)."""
+    rates: NodeRates
+    mode: MixState | None
+    estimate: float | None
+    now: float
+    stall_seconds: float
+    max_readers: int
+
+
+@dataclass(frozen=True)
+class Committed:
+    stripe: list[int]
+    spread: bool
+    """Every piece is held somewhere or in someone's stripe: none is left to stripe."""
+
+
+class PlanState(ABC):
+    """Where the planner's per-artifact state lives: in this process, or in Redis."""
+
+    @abstractmethod
+    def check(self, info_hash: str, piece_size: int, count: int) -> None:
+        """Raise :class:`GeometryError` if the artifact is known with another geometry."""
+
+    @abstractmethod
+    def load(self, node: str, info_hash: str, piece_size: int, count: int) -> ArtifactView | None:
+        """The view for planning, or None when the artifact or this node's part of it
+        cannot be taken on (past ``MAX_ARTIFACTS`` or ``STATE_BUDGET``)."""
+
+    @abstractmethod
+    def commit(self, change: Commit) -> Committed:
+        """Atomically: replace the node's bitfield (updating availability and the union),
+        drop newly held pieces from every stripe, note the node's stripe progress,
+        release stalled stripes, then top up the node's stripe to ``want`` pieces with
+        the lowest pieces nobody holds or reads (unless ``max_readers`` others read)."""
+
+    @abstractmethod
+    def forget(self, nodes: Iterable[str]) -> None:
+        """Drop departed nodes: their bitfields leave the counts, their stripes the pool."""
+
+    @abstractmethod
+    def known_nodes(self) -> set[str]: ...
+
+    @abstractmethod
+    def availability(self, info_hash: str) -> list[int]: ...
+
+    @abstractmethod
+    def node_rates(self, node: str, info_hash: str) -> NodeRates | None: ...
+
+    @abstractmethod
+    def node_mode(self, node: str, info_hash: str) -> MixState | None: ...
+
+    @abstractmethod
+    def spare_upload(self, node: str) -> float: ...
+
+
+# -- in memory -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Artifact:
+    piece_size: int
+    count: int
+    full: int
+    avail: array  # type: ignore[type-arg]
+    union: int = 0
+    held: dict[str, int] = field(default_factory=dict)
+    owner: dict[int, str] = field(default_factory=dict)
+    stripes: dict[str, set[int]] = field(default_factory=dict)
+    assigned: int = 0
+    progress_at: dict[str, float] = field(default_factory=dict)
+    stripe_len: dict[str, int] = field(default_factory=dict)
+    wide: set[str] = field(default_factory=set)
+    reader_s3: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, NodeRates] = field(default_factory=dict)
+    modes: dict[str, MixState] = field(default_factory=dict)
+    estimate: float | None = None
+    """What S3 gives one reader (:func:`swarm.policy.s3_capacity`): kept, slowly decaying,
+    when nobody reads the origin any more (every piece is held somewhere), which is
+    exactly when a slow swarm should widen to S3."""
+    estimated_at: float | None = None
+
+    @property
+    def cost(self) -> int:
+        return self.count * _COUNT_BYTES
+
+    @property
+    def entry_cost(self) -> int:
+        return (self.count + 7) // 8 + 64
+
+
+class MemoryPlanState(PlanState):
+    def __init__(self, max_artifacts: int = MAX_ARTIFACTS, budget: int = STATE_BUDGET) -> None:
+        self.max_artifacts = max_artifacts
+        self.budget = budget
+        self.used = 0
+        self._artifacts: dict[str, _Artifact] = {}
+        self._by_node: dict[str, set[str]] = {}
+
+    def check(self, info_hash: str, piece_size: int, count: int) -> None:
+        art = self._artifacts.get(info_hash)
+        if art is not None and (art.piece_size, art.count) != (piece_size, count):
+            raise GeometryError(
+                f"artifact {info_hash} has {art.count} pieces of {art.piece_size} bytes "
+                f"here, not {count} of {piece_size}"
+            )
+
+    def load(self, node: str, info_hash: str, piece_size: int, count: int) -> ArtifactView | None:
+        art = self._artifacts.get(info_hash)
+        if art is None:
+            cost = count * _COUNT_BYTES + (count + 7) // 8 + 64
+            if len(self._artifacts) >= self.max_artifacts or self.used + cost > self.budget:
+                return None
+            art = _Artifact(piece_size, count, (1 << count) - 1, array("I", bytes(4 * count)))
+            self._artifacts[info_hash] = art
+            self.used += art.cost
+        elif node not in art.held and self.used + art.entry_cost > self.budget:
+            return None
+        sample = tuple(list(art.reader_s3.items())[:ESTIMATE_SAMPLE])
+        if node in art.reader_s3:
+            sample = ((node, art.reader_s3[node]), *sample)
+        return ArtifactView(
+            art.union,
+            art.estimate,
+            art.estimated_at,
+            sample,
+            art.rates.get(node),
+            art.modes.get(node),
+        )
+
+    def commit(self, change: Commit) -> Committed:
+        art = self._artifacts[change.info_hash]
+        node, now = change.node, change.now
+        if node not in art.held:
+            self.used += art.entry_cost
+            self._by_node.setdefault(node, set()).add(change.info_hash)
+        old = art.held.get(node, 0)
+        new = change.held & art.full
+        art.held[node] = new
+        gained = new & ~old
+        if new != old:
+            self._count(art, gained, 1)
+            self._count(art, old & ~new, -1)
+        for piece in set_bits(gained & art.assigned):
+            self._unassign(art, piece)
+        if len(art.stripes.get(node, ())) < art.stripe_len.get(node, 0):
+            art.progress_at[node] = now  # pieces of its stripe arrived (here or anywhere)
+        self._release_stalled(art, now, change.stall_seconds)
+        art.rates[node] = change.rates
+        if change.estimate is not None or art.estimate is not None:
+            art.estimate, art.estimated_at = change.estimate, now
+        if change.complete:
+            self._release(art, node)
+            art.wide.discard(node)
+            art.reader_s3.pop(node, None)
+            art.modes.pop(node, None)
+            art.stripe_len.pop(node, None)
+            return Committed([], self._spread(art))
+        if change.mode is not None:
+            art.modes[node] = change.mode
+        if change.wide:
+            art.wide.add(node)
+        else:
+            art.wide.discard(node)
+        mine = art.stripes.get(node) or set()
+        readers = len(art.wide) + sum(1 for n in art.stripes if n not in art.wide)
+        reading = bool(mine) or node in art.wide
+        if reading or readers < change.max_readers:
+            want = change.want - len(mine)
+            if want > 0:
+                free = art.full & ~art.union & ~art.assigned
+                claimed = lowest_bits(free, want)
+                if claimed:
+                    if node not in art.progress_at or not mine:
+                        art.progress_at[node] = now
+                    mine = art.stripes.setdefault(node, mine)
+                    for piece in claimed:
+                        art.owner[piece] = node
+                        mine.add(piece)
+                        art.assigned |= 1 << piece
+        art.stripe_len[node] = len(mine)
+        if mine or node in art.wide:
+            art.reader_s3[node] = change.rates.down.get("s3", 0.0)
+        else:
+            art.reader_s3.pop(node, None)
+        return Committed(sorted(mine), self._spread(art))
+
+    def forget(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            for info_hash in self._by_node.pop(node, ()):
+                art = self._artifacts.get(info_hash)
+                if art is None:
+                    continue
+                old = art.held.pop(node, 0)
+                self.used -= art.entry_cost
+                self._count(art, old, -1)
+                self._release(art, node)
+                for table in (art.progress_at, art.stripe_len, art.reader_s3):
+                    table.pop(node, None)
+                art.rates.pop(node, None)
+                art.modes.pop(node, None)
+                art.wide.discard(node)
+                if not art.held:
+                    del self._artifacts[info_hash]
+                    self.used -= art.cost
+
+    def known_nodes(self) -> set[str]:
+        return set(self._by_node)
+
+    def availability(self, info_hash: str) -> list[int]:
+        art = self._artifacts.get(info_hash)
+        return list(art.avail) if art else []
+
+    def node_rates(self, node: str, info_hash: str) -> NodeRates | None:
+        art = self._artifacts.get(info_hash)
+        return art.rates.get(node) if art else None
+
+    def node_mode(self, node: str, info_hash: str) -> MixState | None:
+        art = self._artifacts.get(info_hash)
+        return art.modes.get(node) if art else None
+
+    def spare_upload(self, node: str) -> float:
+        rates = (self.node_rates(node, ih) for ih in self._by_node.get(node, ()))
+        return spare_upload(r for r in rates if r is not None)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _count(art: _Artifact, pieces: int, delta: int) -> None:
+        if not pieces:
+            return
+        flipped = 0
+        avail = art.avail
+        for piece in set_bits(pieces):
+            value = avail[piece] + delta
+            avail[piece] = value
+            if value == (1 if delta > 0 else 0):
+                flipped |= 1 << piece
+        art.union = art.union | flipped if delta > 0 else art.union & ~flipped
+
+    @staticmethod
+    def _unassign(art: _Artifact, piece: int) -> None:
+        owner = art.owner.pop(piece, None)
+        art.assigned &= ~(1 << piece)
+        if owner is not None:
+            stripe = art.stripes.get(owner)
+            if stripe is not None:
+                stripe.discard(piece)
+                if not stripe:
+                    del art.stripes[owner]
+
+    def _release(self, art: _Artifact, node: str) -> None:
+        for piece in art.stripes.pop(node, ()):
+            art.owner.pop(piece, None)
+            art.assigned &= ~(1 << piece)
+        art.progress_at.pop(node, None)
+
+    def _release_stalled(self, art: _Artifact, now: float, stall: float) -> None:
+        for node in [n for n in art.stripes if now - art.progress_at.get(n, now) > stall]:
+            self._release(art, node)
+            if node not in art.wide:
+                art.reader_s3.pop(node, None)
+
+    @staticmethod
+    def _spread(art: _Artifact) -> bool:
+        return (art.union | art.assigned) == art.full
+
+
+# -- the planner ---------------------------------------------------------------------------
+
+
 class StripePlanner:
     """Stripes of origin pieces per node and artifact, plus each node's source mode."""
 
@@ -167,6 +503,7 @@ class StripePlanner:
         stripe_bytes: int = STRIPE_BYTES,
         stall_seconds: float = STALL_SECONDS,
         max_readers: int = DEFAULT_MAX_READERS,
+        state: PlanState | None = None,
     ) -> None:
         if stripe_bytes <= 0 or stall_seconds <= 0 or max_readers <= 0:
             raise ValueError(
@@ -176,8 +513,11 @@ class StripePlanner:
         self.stripe_bytes = stripe_bytes
         self.stall_seconds = stall_seconds
         self.max_readers = max_readers
-        self.rates = RateBook()
-        self._artifacts: dict[str, _Artifact] = {}
+        self.state = state if state is not None else MemoryPlanState()
+
+    def check(self, info_hash: str, piece_size: int, count: int) -> None:
+        """Raise :class:`GeometryError` if ``info_hash`` is known with another geometry."""
+        self.state.check(info_hash, piece_size, count)
 
     def plan(
         self,
@@ -191,94 +531,85 @@ class StripePlanner:
         counters: dict[str, int],
         up_rate: float,
         now: float,
+        interval: float = 1.0,
     ) -> OriginPlan:
-        """Record ``node``'s report for one artifact; return its stripe and mode."""
-        art = self._artifacts.get(info_hash)
-        if art is None or art.count != count:
-            art = self._artifacts[info_hash] = _Artifact(count)
-        art.held[node] = held
-        rates = self.rates.update(node, info_hash, counters, up_rate, now)
-        union = art.held_any()
-        readers_before = art.readers()  # includes a node whose last stripe just finished
-        before = sum(1 for n in art.assigned.values() if n == node)
-        for piece in [p for p in art.assigned if union >> p & 1]:
-            del art.assigned[piece]
-        if sum(1 for n in art.assigned.values() if n == node) < before:
-            art.progress_at[node] = now
-        self._release_stalled(art, now)
-        if complete:
-            self._release(art, node)
-            art.wide_readers.discard(node)
-            art.modes.pop(node, None)
+        """Record ``node``'s report for one artifact; return its stripe and mode.
+        ``interval``: the report interval the node was told (stalls scale with it)."""
+        view = self.state.load(node, info_hash, piece_size, count)
+        if view is None:  # past the state's bounds: the node decides alone
             return OriginPlan([], Mode.STRIPE, None)
-
-        current = self.rates.s3_per_reader(info_hash, readers_before | art.readers())
-        dt = now - art.estimated_at if art.estimated_at is not None else 0.0
-        art.s3_estimate = s3_capacity(art.s3_estimate, current, dt)
-        art.estimated_at = now
-        estimate = art.s3_estimate
-        backlog = (union & ~held).bit_count() * piece_size
-        state = decide(
-            art.modes.get(node, MixState()), rates.down.get("peers", 0.0), estimate, backlog, now
-        )
-        art.modes[node] = state
-        if state.mode is Mode.WIDE:
-            art.wide_readers.add(node)
-        else:
-            art.wide_readers.discard(node)
-
-        fill = may_fill(rates.down.get("peers", 0.0), estimate)
-        mine = [p for p, n in art.assigned.items() if n == node]
-        if not mine and node not in art.readers() and len(art.readers()) >= self.max_readers:
-            return OriginPlan([], state.mode, estimate, fill and self._spread(art, union))
+        rates = update_rates(view.rates, counters, up_rate, now)
+        # the readers' S3 rates, this node's as of this report
+        s3 = {n: r for n, r in view.reader_s3}
+        if node in s3:
+            s3[node] = rates.down.get("s3", 0.0)
+        positive = [r for r in s3.values() if r > 0]
+        current = statistics.median(positive) if positive else None
+        dt = now - view.estimated_at if view.estimated_at is not None else 0.0
+        estimate = s3_capacity(view.estimate, current, dt)
+        stall = max(self.stall_seconds, STALL_INTERVALS * interval)
+        if complete:
+            self.state.commit(
+                Commit(
+                    node,
+                    info_hash,
+                    held,
+                    True,
+                    False,
+                    0,
+                    rates,
+                    None,
+                    estimate,
+                    now,
+                    stall,
+                    self.max_readers,
+                )
+            )
+            return OriginPlan([], Mode.STRIPE, None)
+        backlog = ((view.union | held) & ~held).bit_count() * piece_size
+        peers = rates.down.get("peers", 0.0)
+        state = decide(view.mode or MixState(), peers, estimate, backlog, now)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
-        want = max(1, int(size // piece_size)) - len(mine)
-        if want > 0:
-            for piece in range(count):
-                if want == 0:
-                    break
-                if not union >> piece & 1 and piece not in art.assigned:
-                    art.assigned[piece] = node
-                    mine.append(piece)
-                    want -= 1
-            if node not in art.progress_at or not before:
-                art.progress_at[node] = now
-        return OriginPlan(sorted(mine), state.mode, estimate, fill and self._spread(art, union))
+        want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))
+        done = self.state.commit(
+            Commit(
+                node,
+                info_hash,
+                held,
+                False,
+                state.mode is Mode.WIDE,
+                want,
+                rates,
+                state,
+                estimate,
+                now,
+                stall,
+                self.max_readers,
+            )
+        )
+        return OriginPlan(
+            done.stripe, state.mode, estimate, may_fill(peers, estimate) and done.spread
+        )
 
     def prune(self, alive: set[str]) -> None:
         """Forget nodes that stopped reporting: their stripes go back to the pool."""
-        for art in self._artifacts.values():
-            for node in [n for n in art.held if n not in alive]:
-                del art.held[node]
-                self._release(art, node)
-                art.modes.pop(node, None)
-                art.wide_readers.discard(node)
-        self.rates.forget(alive)
+        self.state.forget(self.state.known_nodes() - alive)
 
-    @staticmethod
-    def _spread(art: _Artifact, union: int) -> bool:
-        """No piece is left to stripe: each is held somewhere or being read by a node."""
-        return all(union >> p & 1 or p in art.assigned for p in range(art.count))
-
-    def _release(self, art: _Artifact, node: str) -> None:
-        for piece in [p for p, n in art.assigned.items() if n == node]:
-            del art.assigned[piece]
-        art.progress_at.pop(node, None)
-
-    def _release_stalled(self, art: _Artifact, now: float) -> None:
-        for node in {n for n in art.assigned.values()}:
-            if now - art.progress_at.get(node, now) > self.stall_seconds:
-                self._release(art, node)
+    def forget(self, nodes: Iterable[str]) -> None:
+        """Forget these nodes (expired from the fleet)."""
+        self.state.forget(nodes)
 
     def mode(self, node: str, info_hash: str) -> str | None:
         """The node's current origin mode for the artifact (None if it is not fetching)."""
-        art = self._artifacts.get(info_hash)
-        state = art.modes.get(node) if art else None
+        state = self.state.node_mode(node, info_hash)
         return state.mode.value if state else None
+
+    def rates(self, node: str, info_hash: str) -> NodeRates | None:
+        return self.state.node_rates(node, info_hash)
+
+    def spare_upload(self, node: str) -> float:
+        return self.state.spare_upload(node)
 
     def availability(self, info_hash: str) -> list[int]:
         """How many reporting nodes hold each piece (for the fleet view)."""
-        art = self._artifacts.get(info_hash)
-        if art is None:
-            return []
-        return [sum(v >> p & 1 for v in art.held.values()) for p in range(art.count)]
+        return self.state.availability(info_hash)
