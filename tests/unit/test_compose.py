@@ -25,6 +25,7 @@ import botocore.credentials
 import click
 import pytest
 import yaml
+from packaging.specifiers import SpecifierSet
 
 from swarm import config
 from swarm.cli import cli as swarm_cli
@@ -323,7 +324,7 @@ def test_node_service_scales() -> None:
 
 @pytest.mark.parametrize("name", [name for name in sorted(SERVICES) if script(SERVICES[name])])
 def test_shell_scripts_parse(name: str) -> None:
-    # dash, as /bin/sh in python:3.11-slim (Debian): -n reads without running.
+    # dash, as /bin/sh in python:3.13-slim (Debian): -n reads without running.
     result = subprocess.run(
         ["sh", "-n", "-c", script(SERVICES[name])], capture_output=True, text=True, check=False
     )
@@ -336,17 +337,31 @@ def test_dockerfile_runs_our_console_scripts() -> None:
         module, _, func = target.partition(":")
         assert callable(getattr(importlib.import_module(module), func)), f"{name} = {target}"
     instructions = dockerfile_instructions()
-    assert instructions[0] == ("FROM", "python:3.11-slim")
+    stages = [rest for kind, rest in instructions if kind == "FROM"]
+    # a wheel stage, then the image: a Python setup.cfg allows, installing that wheel
+    assert stages == ["python:3.13-slim AS wheel", "python:3.13-slim"]
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    assert "3.13" in SpecifierSet(setup["options"]["python_requires"])
     for kind, rest in instructions:
         if kind == "COPY":
             *sources, _ = rest.split()
+            if sources[0].startswith("--from="):
+                continue  # from the wheel stage, not the context
             for source in sources:
                 assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
         if kind in ("CMD", "ENTRYPOINT"):
             program = json.loads(rest)
             assert program[0] in scripts, f"{kind} {program[0]} is not a console script"
             parse(program)
-    assert "RUN pip install ." in "\n".join(f"{k} {r}" for k, r in instructions)
+    runs = "\n".join(rest for kind, rest in instructions if kind == "RUN")
+    assert "pip wheel --no-deps --wheel-dir /wheels ." in runs
+    # installed as `swarm userdata` installs it: a venv in /opt/swarm-artifacts, on PATH
+    assert "python -m venv /opt/swarm-artifacts" in runs
+    assert "pip install /wheels/swarm_artifacts-*.whl" in runs
+    assert "PATH=/opt/swarm-artifacts/bin:$PATH" in "\n".join(
+        r for k, r in instructions if k == "ENV"
+    )
     for name in OURS:
         for words in invocations(SERVICES[name]):
             assert words[0] in scripts
