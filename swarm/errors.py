@@ -54,6 +54,13 @@ class DeadlineError(SwarmError):
     exit_code = 7
 
 
+class DestBusyError(SwarmError):
+    """Another fetch owns DEST (a different artifact, or the same one for too long).
+    Exit code 8."""
+
+    exit_code = 8
+
+
 EXIT_CODES: dict[int, str] = {
     0: "done: DEST is complete and verified",
     1: "other failure (the message says which)",
@@ -63,4 +70,5 @@ EXIT_CODES: dict[int, str] = {
     5: "integrity failure after retries (bad piece, bad manifest)",
     6: "no space left for DEST",
     7: "deadline passed",
+    8: "DEST is being fetched by another swarm fetch",
 }

@@ -130,6 +130,7 @@ class DaemonProgress:
                     total=status["size"],
                     bytes_by_source=by,
                     peers=status["peers"],
+                    waiting=status.get("waiting") or {},
                 )
             return
         if self.bar is None:
@@ -144,10 +145,12 @@ class DaemonProgress:
             self.bar.start()
             self.task = self.bar.add_task(status["name"], total=status["size"], sources="")
         sources = " ".join(f"{k} {v / 2**20:.0f}M" for k, v in by.items() if v)
+        waiting = "; ".join(f"{k}: {v}" for k, v in (status.get("waiting") or {}).items())
         self.bar.update(
             self.task,
             completed=status["have_bytes"],
-            sources=f"{sources} ({status['peers']} peers)",
+            sources=f"{sources} ({status['peers']} peers)"
+            + (f" waiting: {waiting}" if waiting else ""),
         )
 
     def stop(self) -> None:

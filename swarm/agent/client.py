@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm.agent.store import ensure_space, partial_path
+from swarm.agent.destlock import DestLock
+from swarm.agent.finisher import copy_verified
 from swarm.errors import DeadlineError, IntegrityError, NoSpaceError, SwarmError
-from swarm.pieces import file_sha256
+from swarm.messages import FetchRequest
 
 DAEMON_START_TIMEOUT = 30.0
 STATUS_INTERVAL = 0.5
@@ -52,6 +53,11 @@ def copy_file(src: int, dst: int, size: int) -> None:
         copied += len(chunk)
 
 
+class DaemonGoneError(SwarmError, ConnectionError):
+    """The daemon died or stopped while a command talked to it (exit code 1). Also a
+    ConnectionError, for callers that wait for a daemon to come up."""
+
+
 def sock_path(home: Path) -> Path:
     """The daemon's local API socket for a node home."""
     return home / "daemon.sock"
@@ -82,9 +88,22 @@ class DaemonClient:
             payload = json.dumps(body).encode() if body is not None else None
             conn.request(method, path, body=payload, headers=self.headers)
             response = conn.getresponse()
-            data = json.loads(response.read() or b"null")
+            raw = response.read()
+        except TimeoutError:
+            raise
+        except (OSError, http.client.HTTPException) as error:
+            raise DaemonGoneError(
+                f"swarm: the node's daemon stopped answering ({error}); see "
+                f"{self.home / 'daemon.log'}, then rerun: the fetch resumes where it stopped"
+            ) from error
         finally:
             conn.close()
+        try:
+            data = json.loads(raw or b"null")
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) and response.status != 200:
+            data = {"error": f"swarm: the daemon answered HTTP {response.status}: {raw[:200]!r}"}
         if response.status != 200:
             error = SwarmError(data.get("error", f"daemon answered {response.status}"))
             error.exit_code = int(data.get("exit_code", 1))
@@ -95,7 +114,7 @@ class DaemonClient:
         try:
             self.call("GET", "/v1/health", timeout=2)
             return True
-        except (OSError, SwarmError, http.client.HTTPException):
+        except (OSError, SwarmError):
             return False
 
 
@@ -145,73 +164,74 @@ def ensure_daemon(
     return client
 
 
-def place(data_path: Path, dest: Path, sha256: str, size: int) -> None:
-    """Copy the daemon's verified data to DEST, check the copy's SHA-256, then rename.
-
-    A copy, not a link: the application may write to DEST (an index.db opened read-write),
-    and the daemon must keep seeding the original bytes. The copy is made in the kernel
-    (``copy_file_range``: one page-cache copy instead of a read and a write through
-    Python, and a reflink on XFS or btrfs), and the hash reads the *copy* through mmap, so
-    what is checked is what the application will open.
-    """
-    ensure_space(dest.parent, size)
-    tmp = partial_path(dest).with_suffix(".placing")
-    try:
-        with data_path.open("rb") as src, tmp.open("wb") as out:
-            copy_file(src.fileno(), out.fileno(), size)
-            os.fsync(out.fileno())
-        digest = file_sha256(tmp)
-        if digest != sha256:
-            raise IntegrityError(
-                f"swarm: {data_path} has SHA-256 {digest}, the manifest says {sha256}"
-                ": the daemon's copy is damaged; remove it and fetch again"
-            )
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(dest.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def daemon_error(status: dict[str, Any]) -> SwarmError:
     """A libtorrent storage error as the CLI reports it (a full disk is exit code 6)."""
     if status.get("error_no_space"):
         return NoSpaceError(
-            f"swarm: the daemon's data directory is full ({status['error']}, ENOSPC); free "
-            "space and rerun"
+            f"swarm: no space left for {status['path']} ({status['error']}, ENOSPC): free "
+            "space on that file system and rerun; the fetch resumes"
         )
     return SwarmError(f"swarm: the daemon cannot store the artifact: {status['error']}")
 
 
+def failed_error(status: dict[str, Any]) -> SwarmError:
+    error = SwarmError(str(status["failed"]))
+    error.exit_code = int(status.get("exit_code") or 1)
+    return error
+
+
 def fetch_via_daemon(
     client: DaemonClient,
-    request: dict[str, Any],
+    request: FetchRequest,
     dest: Path,
     *,
     deadline: float | None,
     on_status: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Ask the daemon for the artifact, follow its progress, then place DEST."""
+    """Ask the daemon for the artifact and follow its progress until it is at DEST.
+
+    The daemon keeps the data at DEST itself (one copy on disk) unless DEST is a private
+    ``--copy`` or the node already holds the artifact elsewhere: then DEST is a copy of
+    the daemon's verified file (a reflink where the file system can), made here."""
     started = time.monotonic()
-    status = client.call("POST", "/v1/fetch", request)
-    ensure_space(dest.parent, status["size"])
+
+    def remaining() -> float:
+        if deadline is None:
+            return 120.0
+        left = deadline - (time.monotonic() - started)
+        if left <= 0:
+            raise DeadlineError(
+                f"swarm: deadline of {deadline:g}s passed before the artifact was complete; "
+                "the daemon keeps fetching, rerun to wait again"
+            )
+        return left
+
+    try:
+        status = client.call("POST", "/v1/fetch", request.to_json(), timeout=remaining())
+    except TimeoutError:
+        remaining()
+        raise
     path = f"/v1/artifacts/{status['info_hash']}"
     while not status["complete"]:
         on_status(status)
+        if status.get("failed"):
+            raise failed_error(status)
         if status.get("error"):
             raise daemon_error(status)
-        if deadline and time.monotonic() - started > deadline:
-            raise DeadlineError(
-                f"swarm: deadline of {deadline:g}s passed at {status['have_bytes']} of "
-                f"{status['size']} bytes; the daemon keeps fetching, rerun to wait again"
-            )
-        time.sleep(STATUS_INTERVAL)  # polling our own daemon's API, not libtorrent
-        status = client.call("GET", path)
+        time.sleep(min(STATUS_INTERVAL, remaining()))  # polling our own daemon's API
+        status = client.call("GET", path, timeout=min(30.0, max(remaining(), 0.1)))
     on_status(status)
-    place(Path(status["path"]), dest, status["sha256"], status["size"])
+    held = Path(status["path"])
+    if held != dest:
+        owner = {"pid": os.getpid(), "name": status["name"], "info_hash": status["info_hash"]}
+        lock = DestLock(dest, owner)
+        if not lock.acquire(status["info_hash"], timeout=remaining()):
+            remaining()
+        try:
+            copy_verified(held, dest, status["sha256"], status["size"], copy_file)
+            if request.copy:
+                os.chmod(dest, 0o644)
+        finally:
+            lock.release()
     status["seconds"] = round(time.monotonic() - started, 3)
     return status

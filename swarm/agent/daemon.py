@@ -4,14 +4,20 @@
 the background when none answers on ``$SWARM_HOME/daemon.sock``. The daemon keeps
 seeding whatever it holds: that is how existing instances seed new ones.
 
+Its roles, a module each: the artifact registry (:mod:`.registry`), sources as
+supervised tasks (:mod:`.supervisor`, with the S3 reader :mod:`.origin` and the UDP
+source :mod:`.udpsource`), the whole-file hash and DEST (:mod:`.finisher`), status
+(:mod:`.status`), the local API (:mod:`.api`) and the reporter (:mod:`.reporter`).
+This module ties them together and runs the process.
+
 State under ``SWARM_HOME``::
 
     node_id                 this node's stable id (reported to the coordinator)
     daemon.sock daemon.pid  local API (HTTP over a unix socket), pid for stopping it
     daemon.lock             flock: one daemon per home
-    artifacts/IH.swarm      manifests of held artifacts (to seed again after a restart)
+    artifacts/IH.swarm|json manifests of held artifacts and where their data is
     resume/IH.resume        libtorrent resume data (atomic writes)
-    data/IH/NAME            the artifact's bytes, seeded from here
+    data/IH/NAME            data of artifacts fetched without a DEST of their own
 """
 
 from __future__ import annotations
@@ -21,113 +27,74 @@ import contextlib
 import errno
 import fcntl
 import logging
-import math
 import os
 import secrets
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import libtorrent as lt
-from aiohttp import ClientSession, ClientTimeout, web
-from aiohttp.typedefs import Handler
+from aiohttp import web
 
 from swarm import catalog
+from swarm.agent import finisher, registry
+from swarm.agent.api import make_api
 from swarm.agent.client import sock_path
-from swarm.agent.hybrid import (
-    LocalOriginPolicy,
-    TorrentSink,
-    bitfield,
-    fill_pieces,
-    stripe_offset,
-    wide_pieces,
-)
+from swarm.agent.destlock import DestLock
+from swarm.agent.hybrid import TorrentSink
+from swarm.agent.origin import read_origin
+from swarm.agent.registry import Artifact
+from swarm.agent.reporter import report_loop
+from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
+from swarm.agent.supervisor import SourceTask
+from swarm.agent.udpsource import read_udp
 from swarm.config import Settings
-from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
-from swarm.fleetauth import bearer, fleet_token, token_matches
+from swarm.errors import IntegrityError, NoSpaceError, SwarmError, UsageError
+from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
+from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
 from swarm.objectstore import make_client
-from swarm.policy import Mode
-from swarm.sources import Cancelled
 from swarm.sources.peers import DEFAULT_PORT, TorrentSession
-from swarm.sources.s3 import S3Source, S3SourceConfig
 from swarm.udp import DEFAULT_PORT as UDP_PORT
-from swarm.udp import MIN_SECRET_LEN, UdpServer, fetch_pieces_sync
+from swarm.udp import MIN_SECRET_LEN, UdpServer
 
 log = logging.getLogger(__name__)
 
-ORIGIN_GRACE = 1.0
-"""Seconds a new fetch waits for peers before it reads the origin: long enough for the
-first announce and handshakes on a LAN, short enough not to matter when there are none."""
+WATCH_INTERVAL = 2.0
+"""Seconds between checks that every seeded file is still the one verified."""
 
-ORIGIN_BATCH_BYTES = 32 << 20
-"""Bytes read from S3 per decision (two 16 MiB ranges in flight); the choice is made
-again after each batch, so pieces that arrive from peers meanwhile are not read twice."""
-
-WIDE_RANGE = 4 << 20
-"""Range size of WIDE-mode reads (see ``_read_origin``)."""
-
-STRIPE_RANGE = 4 << 20
-"""Range size of stripe reads (rounded to whole pieces): a stripe is read as several GETs
-in flight. Each is a TCP flow, and a node's downlink is shared per flow with its peer
-connections (one 16 MiB GET got an eighth of the link against 7 peers). Not smaller:
-every GET costs a first-byte latency on S3 (tens of ms; AWS advises 8-16 MiB ranges),
-and 1 MiB ranges made the demo on moto, which costs ~0.2 s per GET, take 47 s, not 18."""
-
-FILL_PIECES = 1
-"""Pieces per *fill* read. Once every piece has left the origin and S3 would add a useful
-share (the plan's ``fill``, :func:`swarm.policy.may_fill`), a node with no stripe reads
-one rare missing piece at a time from S3 (:func:`~swarm.agent.hybrid.fill_pieces`): one
-more TCP flow on its downlink. While the swarm fills the link that flow gets a flow's
-share (an eighth against 7 peers); when the swarm is slower (slow uploads, a stalled
-tail) it takes the slack. Measured (bench/fleet.py, swarm-bound at 50 Mbit): without it,
-nodes stayed at two thirds of their link in the peer phase while the origin sat idle."""
-
-IN_FLIGHT_TTL = 1.0
-"""Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
-piece, which libtorrent drops)."""
-
-PLAN_TTL = 3.0
-"""A coordinator plan older than this (three missed reports) is stale: the node decides
-alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
-
-ORIGIN_RETRY = 5.0
-REPORT_INTERVAL = 1.0
-SOURCES = ("s3", "peers")
+STOP_BUDGET = 8.0
+"""Seconds a stopping daemon gives libtorrent to save resume data (systemd's default
+stop timeout is 90 s; a fetch's CLI waits for its daemon's answer meanwhile)."""
 
 
 def node_id(home: Path) -> str:
+    """This node's stable id; a fresh one if the file is missing, empty or unreadable
+    (written atomically, so a full disk cannot leave an empty id behind)."""
     path = home / "node_id"
-    if not path.exists():
-        path.write_text(secrets.token_hex(8))
-    return path.read_text().strip()
-
-
-@dataclass
-class Artifact:
-    """The daemon's view of one artifact it fetches or seeds."""
-
-    manifest: Manifest
-    path: Path
-    sink: TorrentSink
-    sources: tuple[str, ...] = SOURCES
-    cancel: threading.Event = field(default_factory=threading.Event)
-    started: float = field(default_factory=time.monotonic)
-    seconds: float | None = None
-    restored: bool = False
-    """Held before this daemon started (restored from resume data), not fetched by it."""
-    s3_error: str | None = None
-    udp_error: str | None = None
-    origin_thread: threading.Thread | None = None
-    plan: dict[str, Any] | None = None
-    """The coordinator's latest origin plan for us: ``{"stripe", "mode", "s3_estimate"}``."""
-    plan_at: float = 0.0
-    plan_updated: threading.Event = field(default_factory=threading.Event)
+    with contextlib.suppress(OSError):
+        existing = path.read_text().strip()
+        if existing:
+            return existing
+    new = secrets.token_hex(8)
+    tmp = path.with_name("node_id.tmp")
+    try:
+        tmp.write_text(new)
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        if error.errno == errno.ENOSPC:
+            raise NoSpaceError(
+                f"swarm: no space left in SWARM_HOME {home} to write the node id (ENOSPC); "
+                "free some space"
+            ) from error
+        raise SwarmError(f"swarm: cannot write {path}: {error.strerror}") from error
+    return new
 
 
 class Daemon:
@@ -150,6 +117,8 @@ class Daemon:
         self.artifacts: dict[str, Artifact] = {}
         self._lock = threading.Lock()
         self.wake_reporter: Callable[[], object] = lambda: None
+        self.start_asg: Callable[[str], object] = lambda group: None
+        self.asg_groups: set[str] = set()
         self.extra_peers: list[tuple[str, int]] = []
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.token = fleet_token(settings.secret) if settings.secret else None
@@ -164,268 +133,282 @@ class Daemon:
         if self.token:
             self.session.admit_only([])  # nobody, until the coordinator names the members
 
-    # -- artifacts --------------------------------------------------------------------------
+    # -- the registry -----------------------------------------------------------------------
 
     def restore(self, clean: bool = True) -> None:
         """Seed again everything held before a restart (resume data spares a re-download;
-        after an unclean stop, ``clean`` False, the data files are hashed instead)."""
+        after an unclean stop, ``clean`` False, the data files are hashed instead). An
+        artifact whose file is gone is forgotten, not advertised."""
         for path in sorted((self.home / "artifacts").glob("*.swarm")):
             try:
                 manifest = Manifest.loads(path.read_bytes(), origin=str(path))
             except SwarmError as error:
                 log.warning("skipping %s: %s", path, error)
                 continue
-            self._add(manifest, sources=("peers",), trust_resume=clean).restored = True
-            log.info("restored %s (%s)", manifest.name, manifest.info_hash)
+            data_path, dest, verified = registry.load_record(self.home, manifest)
+            if not data_path.exists():
+                log.warning("not seeding %s: its data %s is gone", manifest.name, data_path)
+                registry.forget_record(self.home, manifest.info_hash)
+                self.session.resume_dir.joinpath(f"{manifest.info_hash}.resume").unlink(
+                    missing_ok=True
+                )
+                continue
+            artifact = self._add(
+                manifest, data_path, dest, {"peers"}, trust_resume=clean, verified=verified
+            )
+            artifact.restored = True
+            artifact.was_verified = verified
+            if dest is not None and not verified:  # a fetch into DEST was under way
+                lock = DestLock(dest, self._lock_owner(manifest))
+                artifact.lock = lock if lock.try_acquire() else None
+            self._start_finishing(artifact)
+            log.info("restored %s (%s) from %s", manifest.name, manifest.info_hash, data_path)
 
     def _add(
-        self, manifest: Manifest, sources: tuple[str, ...], trust_resume: bool = True
+        self,
+        manifest: Manifest,
+        data_path: Path,
+        dest: Path | None,
+        sources: set[str],
+        trust_resume: bool = True,
+        verified: bool = False,
     ) -> Artifact:
         with self._lock:
             if manifest.info_hash in self.artifacts:
                 return self.artifacts[manifest.info_hash]
-            save_dir = self.home / "data" / manifest.info_hash
-            save_dir.mkdir(parents=True, exist_ok=True)
-            (self.home / "artifacts" / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
-            if not (save_dir / manifest.name).exists():
-                ensure_space(save_dir, manifest.size)
-            state = self.session.add(manifest, save_dir, self.trackers, trust_resume=trust_resume)
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            registry.save_record(self.home, manifest, data_path, dest, verified)
+            if not data_path.exists():
+                ensure_space(data_path.parent, manifest.size)
+            state = self.session.add(manifest, data_path, self.trackers, trust_resume=trust_resume)
             for address in self.extra_peers:
                 state.handle.connect_peer(address)
             artifact = Artifact(
-                manifest, save_dir / manifest.name, TorrentSink(self.session, manifest), sources
+                manifest, TorrentSink(self.session, manifest), data_path, dest, set(sources)
             )
             self.artifacts[manifest.info_hash] = artifact
             return artifact
 
-    def fetch(self, request: dict[str, Any]) -> Artifact:
-        """Resolve the source, add the torrent, start the origin reader. Blocking (S3 I/O)."""
-        source = request.get("source")
-        if not isinstance(source, str) or not source:
-            raise UsageError("swarm: the fetch request names no source")
-        sources = tuple(request.get("sources") or SOURCES)
-        unknown = [s for s in sources if s not in SOURCES and not s.startswith("udp://")]
-        if unknown:
-            raise UsageError(f"swarm: unknown source(s) {unknown}: use s3, peers, udp://HOST:PORT")
-        udp = [parse_udp_source(s) for s in sources if s.startswith("udp://")]
-        if udp and not self.udp_secret:
+    def _drop(self, artifact: Artifact, why: str) -> None:
+        """Stop seeding an artifact whose data is gone or changed (it is fetched anew by
+        the next request for it)."""
+        log.warning("stopped seeding %s: %s", artifact.manifest.name, why)
+        artifact.gone = why
+        artifact.cancel.set()
+        with self._lock:
+            self.artifacts.pop(artifact.info_hash, None)
+        self.session.remove(artifact.info_hash)
+        registry.forget_record(self.home, artifact.info_hash)
+        if artifact.lock is not None:
+            artifact.lock.release()
+        self.wake_reporter()
+
+    # -- fetching -------------------------------------------------------------------------
+
+    def check_request(self, request: FetchRequest) -> None:
+        """Refuse what this running daemon cannot take; take what it can."""
+        running = f"this node's daemon (pid {os.getpid()}, SWARM_HOME {self.home})"
+        restart = f"stop it (kill {os.getpid()}, or systemctl restart swarm-daemon) and fetch again"
+        if request.listen and request.listen != self.listen_ip:
+            raise UsageError(
+                f"swarm: {running} listens on {self.listen_ip}, not {request.listen}: "
+                f"{restart}, or drop --listen"
+            )
+        if request.coordinator and request.coordinator != self.settings.coordinator:
+            raise UsageError(
+                f"swarm: {running} reports to {self.settings.coordinator or 'no coordinator'}, "
+                f"not {request.coordinator}: {restart}, or drop --coordinator"
+            )
+        if any(s.startswith("udp://") for s in request.sources) and not self.udp_secret:
             raise UsageError(
                 "swarm: UDP needs the fleet secret: set SWARM_SECRET (16+ bytes, the same on "
                 "every node); with no secret UDP is off"
             )
-        endpoint = request.get("endpoint_url") or self.settings.endpoint_url
-        client = make_client(endpoint)
-        url = catalog.resolve(client, source, request.get("catalog") or self.settings.catalog)
+        if request.peers_from_asg and request.peers_from_asg not in self.asg_groups:
+            self.asg_groups.add(request.peers_from_asg)
+            self.start_asg(request.peers_from_asg)
+
+    def fetch(self, request: FetchRequest) -> Artifact:
+        """Resolve the source, add the torrent, start its sources. Blocking (S3 I/O).
+
+        A later request for an artifact already here restarts its failed sources (with
+        this request's S3 endpoint) and adds the sources it names."""
+        self.check_request(request)
+        client = make_client(request.endpoint_url or self.settings.endpoint_url)
+        url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
         manifest = catalog.load_manifest(client, url, self.settings.secret)
-        artifact = self._add(manifest, sources)
-        if "peers" not in sources:
+        dest = Path(request.dest) if request.dest and not request.copy else None
+        artifact = self.artifacts.get(manifest.info_hash)
+        if artifact is None:
+            lock = None
+            if dest is not None:
+                lock = DestLock(dest, self._lock_owner(manifest))
+                lock.acquire(manifest.info_hash, timeout=0)
+                if not lock.held:
+                    dest = None  # DEST is another fetch's for now: the CLI copies later
+                    lock = None
+            data_path = registry.data_path_for(self.home, manifest, dest)
+            try:
+                artifact = self._add(manifest, data_path, dest, set(request.sources))
+            except BaseException:
+                if lock is not None:
+                    lock.release()
+                raise
+            artifact.lock = lock
+        sources = set(request.sources)
+        artifact.sources |= sources
+        artifact.client = client
+        artifact.failure = None
+        artifact.peers_idle_since = None
+        handle = artifact.sink.handle
+        if "peers" not in artifact.sources:
             # Forced sources only (--source s3 / udp://): libtorrent uploads, never downloads.
-            artifact.sink.handle.set_flags(lt.torrent_flags.upload_mode)
-        for host, port in udp:
-            if not artifact.sink.complete():
-                threading.Thread(
-                    target=self._read_udp,
-                    args=(artifact, host, port),
-                    daemon=True,
-                    name=f"udp-{manifest.name}",
-                ).start()
-        if "s3" in sources and not artifact.sink.complete() and not artifact.origin_thread:
-            artifact.origin_thread = threading.Thread(
-                target=self._origin_worker,
-                args=(artifact, client),
-                daemon=True,
-                name=f"origin-{manifest.name}",
-            )
-            artifact.origin_thread.start()
+            handle.set_flags(lt.torrent_flags.upload_mode)
+        else:
+            handle.unset_flags(lt.torrent_flags.upload_mode)
+        if not artifact.sink.complete():
+            for name in sorted(sources - {"peers"}):
+                self._start_source(artifact, name)
+        self._start_finishing(artifact)
         return artifact
 
-    def _origin_worker(self, artifact: Artifact, client: Any) -> None:
-        """The origin reader's thread: a bug in one round must not stall the fetch."""
-        while not artifact.cancel.is_set():
-            try:
-                self._read_origin(artifact, client)
-                return
-            except Exception as error:
-                artifact.s3_error = f"internal error: {error!r}"
-                log.exception("origin reader of %s failed; restarting", artifact.manifest.name)
-                if artifact.cancel.wait(ORIGIN_RETRY):
-                    return
-
-    def _read_origin(self, artifact: Artifact, client: Any) -> None:
-        """Read from S3 what the plan says: the coordinator's stripe, or everything missing
-        when the swarm is too slow (WIDE), or, without a fresh plan, the local choice."""
-        manifest, sink = artifact.manifest, artifact.sink
-        state = self.session.torrents[manifest.info_hash]
-        stripe_source = S3Source(
-            client, manifest, sink, artifact.cancel, S3SourceConfig(range_size=STRIPE_RANGE)
-        )
-        # WIDE reads everything it may, in small ranges many at a time: pieces that arrive
-        # from peers meanwhile are skipped range by range, and the link fills at once.
-        wide_source = S3Source(
-            client, manifest, sink, artifact.cancel, S3SourceConfig(range_size=WIDE_RANGE)
-        )
-        # Fill: once every piece has left the origin, one GET at a time of a rare piece
-        # (see FILL_PIECES).
-        fill_source = S3Source(
-            client, manifest, sink, artifact.cancel, S3SourceConfig(1, manifest.piece_size)
-        )
-        batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
-        local = LocalOriginPolicy(stripe_offset(self.node_id, manifest.layout.count))
-        s3_only = "peers" not in artifact.sources
-        if not s3_only and self.trackers:
-            self.wake_reporter()
-            # The coordinator's first plan; reading alone meanwhile would duplicate stripes.
-            artifact.plan_updated.wait(PLAN_TTL)
-        elif not s3_only and state.finished.wait(ORIGIN_GRACE):
-            return
-        handle = state.handle
-        in_flight = InFlight(handle)
-        while not sink.complete() and not artifact.cancel.is_set():
-            missing = sink.missing()
-            status = state.status
-            peers_rate = float(status.download_payload_rate) if status is not None else 0.0
-            now = time.monotonic()
-            plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
-            wide = fill = False
-            if s3_only:
-                batch = missing  # all of it, at full speed
-            elif plan is not None and plan["mode"] != Mode.WIDE:
-                batch = [p for p in plan["stripe"] if not sink.have(p)]
-                if not batch and plan.get("fill"):
-                    batch = fill_pieces(
-                        missing, handle.piece_availability(), in_flight(), local.offset,
-                        FILL_PIECES,
-                    )  # fmt: skip
-                    fill = True
-            elif plan is not None:  # WIDE: its stripe, then what peers are slow to give
-                stripe = [p for p in plan["stripe"] if not sink.have(p)]
-                slow = wide_pieces(missing, handle.piece_availability(), in_flight(), len(missing))
-                taken = set(stripe)
-                batch = stripe + [p for p in slow if p not in taken]
-                wide = True
-            else:
-                s3_bytes = sink.bytes_by_source.get("s3", 0)
-                batch = local.choose(
-                    missing,
-                    handle.piece_availability(),
-                    in_flight(),
-                    batch_pieces,
-                    piece_size=manifest.piece_size,
-                    peers_rate=peers_rate,
-                    s3_bytes=s3_bytes,
-                    now=now,
-                )
-                wide = local.state.mode is Mode.WIDE
-            if not batch:
-                artifact.plan_updated.clear()
-                artifact.plan_updated.wait(0.25)
-                continue
-            try:
-                artifact.plan_updated.clear()
-                source = wide_source if wide else fill_source if fill else stripe_source
-                source.fetch(batch)
-                artifact.s3_error = None
-                if plan is not None and not fill:  # report the finished stripe, for the next
-                    self.wake_reporter()
-                    artifact.plan_updated.wait(0.5)
-            except Cancelled:
-                return
-            except (AccessDeniedError, NotFoundError) as error:
-                artifact.s3_error = str(error)
-                log.error("origin reads stopped, peers only from now: %s", error)
-                return
-            except SwarmError as error:
-                artifact.s3_error = str(error)
-                log.warning("origin read failed, retrying in %.0fs: %s", ORIGIN_RETRY, error)
-                if artifact.cancel.wait(ORIGIN_RETRY):
-                    return
-
-    def _read_udp(self, artifact: Artifact, host: str, port: int) -> None:
-        """Pull the missing pieces from a peer's UDP server; libtorrent checks each one."""
-        manifest, sink = artifact.manifest, artifact.sink
-        assert self.udp_secret is not None
-        state = self.session.torrents[manifest.info_hash]
-        while not sink.complete() and not artifact.cancel.is_set():
-            missing = [i for i in sink.missing() if not sink.have(i)]
-            if not missing:
-                state.finished.wait(0.5)  # all held: libtorrent is flushing
-                continue
-            try:
-                stats = fetch_pieces_sync(
-                    host,
-                    port,
-                    self.udp_secret,
-                    manifest.info_hash,
-                    missing,
-                    lambda index, data: sink.offer(index, data, "udp"),
-                    piece_size=manifest.piece_size,
-                    piece_count=manifest.layout.count,
-                    cancel=artifact.cancel,
-                )
-                if stats.unavailable and not stats.kept:
-                    artifact.udp_error = f"udp://{host}:{port} holds none of the missing pieces"
-                    artifact.cancel.wait(ORIGIN_RETRY)
-            except SwarmError as error:
-                artifact.udp_error = str(error)
-                log.warning(
-                    "udp://%s:%d failed, retrying in %.0fs: %s", host, port, ORIGIN_RETRY, error
-                )
-                if artifact.cancel.wait(ORIGIN_RETRY):
-                    return
-
-    # -- status ---------------------------------------------------------------------------
-
-    def describe(self, artifact: Artifact) -> dict[str, Any]:
-        manifest = artifact.manifest
-        state = self.session.torrents.get(manifest.info_hash)
-        # A fresh status per API call (a request, not a polling loop): counters are exact
-        # when someone asks, instead of up to STATUS_INTERVAL old.
-        status = state.handle.status() if state else None
-        complete = artifact.sink.complete()
-        if complete and artifact.seconds is None:
-            artifact.seconds = round(time.monotonic() - artifact.started, 3)
-        have = status.total_wanted_done if status is not None else 0
-        s3 = artifact.sink.bytes_by_source.get("s3", 0)
+    def _lock_owner(self, manifest: Manifest) -> dict[str, object]:
         return {
-            "info_hash": manifest.info_hash,
+            "pid": os.getpid(),
+            "home": str(self.home),
             "name": manifest.name,
-            "size": manifest.size,
-            "sha256": manifest.sha256,
-            "path": str(artifact.path),
-            "state": "seeding" if complete else ("error" if state and state.error else "fetching"),
-            "complete": complete,
-            "have_bytes": manifest.size if complete else have,
-            "bytes_by_source": {
-                "peers": status.total_payload_download if status is not None else 0,
-                "s3": s3,
-                "udp": artifact.sink.bytes_by_source.get("udp", 0),
-            },
-            "down_rate": status.download_payload_rate if status is not None else 0,
-            "up_rate": status.upload_payload_rate if status is not None else 0,
-            "uploaded": status.total_payload_upload if status is not None else 0,
-            "peers": status.num_peers if status is not None else 0,
-            "seconds": artifact.seconds,
-            "error": (state.error if state else None),
-            "error_no_space": bool(state and state.error_errno == errno.ENOSPC),
-            "s3_error": artifact.s3_error,
-            "udp_error": artifact.udp_error,
-            "hash_failures": artifact.sink.hash_failures,
-            "peer_hash_failures": state.peer_hash_failures if state else 0,
-            "peers_banned": state.peers_banned if state else 0,
-            # the fetch's duration (history); unknown for what a restart restored
-            "elapsed": None
-            if artifact.restored
-            else (artifact.seconds if complete else round(time.monotonic() - artifact.started, 3)),
-            "piece_size": manifest.piece_size,
-            "piece_count": manifest.layout.count,
-            "pieces": bitfield(status.pieces) if status is not None else None,
-            "mode": (artifact.plan or {}).get("mode"),
+            "info_hash": manifest.info_hash,
         }
+
+    def _start_source(self, artifact: Artifact, name: str) -> None:
+        task = artifact.tasks.get(name)
+        if task is not None and task.alive:
+            return
+        body: Callable[[], None]
+        if name == "s3":
+
+            def body() -> None:
+                read_origin(
+                    self.session,
+                    artifact,
+                    self.node_id,
+                    bool(self.trackers),
+                    self.wake_reporter,
+                )
+
+            def progress() -> int:
+                return artifact.sink.bytes_by_source.get("s3", 0)
+        else:
+            host, port = parse_udp_source(name)
+            secret = self.udp_secret
+            assert secret is not None
+
+            def body() -> None:
+                read_udp(self.session, artifact, host, port, secret)
+
+            def progress() -> int:
+                return artifact.sink.bytes_by_source.get("udp", 0)
+
+        artifact.tasks[name] = SourceTask(name, body, artifact.cancel, progress).start()
+
+    def _start_finishing(self, artifact: Artifact) -> None:
+        """Once per artifact: hash while it downloads, then verify and place it."""
+        if artifact.finisher is not None or artifact.verified.is_set():
+            return
+        if artifact.restored and artifact.was_verified:
+            # Verified before the restart: seed once libtorrent has checked it again.
+            threading.Thread(
+                target=self._seed_restored, args=(artifact,), daemon=True, name="restored"
+            ).start()
+            return
+        artifact.finisher = finisher.Finisher(
+            self.session, artifact.manifest, artifact.data_path, artifact.cancel
+        )
+        artifact.finisher.start()
+        name = f"finish-{artifact.manifest.name}"
+        threading.Thread(target=self._finish, args=(artifact,), daemon=True, name=name).start()
+
+    def _seed_restored(self, artifact: Artifact) -> None:
+        """A restored artifact that was verified: seeding once libtorrent has checked it.
+        If the check finds pieces missing (an unclean stop lost writes), the file is no
+        longer what was verified: it is repaired in place and hashed whole again."""
+        state = self.session.torrents[artifact.info_hash]
+        checking = {
+            lt.torrent_status.states.checking_files,
+            lt.torrent_status.states.checking_resume_data,
+        }
+        while not state.finished.wait(0.25):
+            if artifact.cancel.is_set():
+                return
+            status = state.status
+            if status is not None and status.state not in checking and not status.is_seeding:
+                log.warning(
+                    "%s lost pieces: repairing it, then hashing it again", artifact.manifest.name
+                )
+                artifact.was_verified = False
+                artifact.finisher = finisher.Finisher(
+                    self.session, artifact.manifest, artifact.data_path, artifact.cancel
+                )
+                artifact.finisher.start()
+                self._finish(artifact)
+                return
+        artifact.inode = _inode(artifact.final_path)
+        artifact.verified.set()
+
+    def _finish(self, artifact: Artifact) -> None:
+        state = self.session.torrents[artifact.info_hash]
+        fin = artifact.finisher
+        assert fin is not None
+        while not state.finished.wait(0.5):
+            if artifact.cancel.is_set():
+                return
+        try:
+            fin.wait()
+            if artifact.dest is not None and artifact.data_path != artifact.dest:
+                finisher.place(self.session, artifact.info_hash, artifact.data_path, artifact.dest)
+                artifact.data_path = artifact.dest
+            registry.save_record(
+                self.home, artifact.manifest, artifact.data_path, artifact.dest, verified=True
+            )
+        except IntegrityError as error:
+            artifact.failure = (str(error), error.exit_code)
+            log.error("%s", error)
+        except (SwarmError, OSError) as error:
+            artifact.failure = (f"swarm: cannot place {artifact.manifest.name}: {error}", 1)
+            log.error("%s", artifact.failure[0])
+        else:
+            artifact.inode = _inode(artifact.final_path)
+            artifact.verified.set()
+            self.session.save_resume(artifact.info_hash)
+            log.info("%s verified at %s", artifact.manifest.name, artifact.final_path)
+        finally:
+            if artifact.lock is not None:
+                artifact.lock.release()
+                artifact.lock = None
+
+    def watch(self) -> None:
+        """Stop seeding what is no longer on disk as verified: a file deleted or
+        replaced under the daemon, or one libtorrent can no longer read."""
+        for artifact in list(self.artifacts.values()):
+            if not artifact.verified.is_set():
+                continue
+            inode = _inode(artifact.final_path)
+            if inode is None:
+                self._drop(artifact, f"{artifact.final_path} was deleted")
+            elif inode != artifact.inode:
+                self._drop(artifact, f"{artifact.final_path} was replaced by another file")
+            elif artifact.sink.state.error:
+                self._drop(artifact, f"libtorrent cannot read it: {artifact.sink.state.error}")
+
+    # -- status and the coordinator -------------------------------------------------------
+
+    def describe(self, artifact: Artifact) -> ArtifactStatus:
+        return describe(artifact)
 
     def connect_peers(self, addresses: list[tuple[str, int]]) -> int:
         """Dial peers found outside the tracker (an Auto Scaling group) for every torrent,
         and remember them for torrents added later."""
-        self.extra_peers = list(addresses)
+        self.extra_peers = list(dict.fromkeys(self.extra_peers + list(addresses)))
         count = 0
         for state in list(self.session.torrents.values()):
             for address in addresses:
@@ -443,9 +426,10 @@ class Daemon:
 
     def take_plans(self, plans: dict[str, Any]) -> None:
         now = time.monotonic()
-        for info_hash, plan in plans.items():
+        for info_hash, body in plans.items():
             artifact = self.artifacts.get(info_hash)
-            if artifact is not None and isinstance(plan, dict):
+            plan = OriginPlan.from_json(body)
+            if artifact is not None and plan is not None:
                 artifact.plan, artifact.plan_at = plan, now
                 artifact.plan_updated.set()
 
@@ -453,21 +437,23 @@ class Daemon:
         return {
             "node": self.node_id,
             "addr": f"{self.listen_ip}:{self.session.listen_port}",
-            "artifacts": [self.describe(a) for a in list(self.artifacts.values())],
+            "artifacts": [describe(a).to_json() for a in list(self.artifacts.values())],
         }
 
     def close(self) -> None:
         for artifact in self.artifacts.values():
             artifact.cancel.set()
-        self.session.close()
+        self.session.close(timeout=STOP_BUDGET / 2)
+        for artifact in self.artifacts.values():
+            if artifact.lock is not None:
+                artifact.lock.release()
 
 
-def parse_udp_source(source: str) -> tuple[str, int]:
-    """``udp://HOST:PORT`` -> (host, port)."""
-    host, sep, port = source.removeprefix("udp://").rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"swarm: bad UDP source {source!r}: use udp://HOST:PORT")
-    return host.strip("[]"), int(port)
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
 
 
 def udp_secret(secret: str | None) -> bytes | None:
@@ -499,11 +485,11 @@ class HeldPieces:
         return self.artifact.manifest.size
 
     def has(self, index: int) -> bool:
-        return bool(self.artifact.sink.handle.have_piece(index))
+        return self.artifact.sink.have(index)
 
     def read(self, index: int) -> bytes:
         layout = self.artifact.manifest.layout
-        with self.artifact.path.open("rb") as data:
+        with self.artifact.data_path.open("rb") as data:
             return os.pread(data.fileno(), layout.length(index), layout.offset(index))
 
 
@@ -518,79 +504,7 @@ class HeldArtifacts:
         return HeldPieces(artifact) if artifact else None
 
 
-# -- the local API and the process ------------------------------------------------------------
-
-
-def error_response(error: SwarmError) -> web.Response:
-    return web.json_response({"error": str(error), "exit_code": error.exit_code}, status=400)
-
-
-def make_api(daemon: Daemon) -> web.Application:
-    routes = web.RouteTableDef()
-
-    @web.middleware
-    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if daemon.token and not token_matches(
-            bearer(request.headers.get("Authorization")), daemon.token
-        ):
-            return web.json_response(
-                {
-                    "error": "swarm: the daemon API needs the fleet token (SWARM_SECRET)",
-                    "exit_code": AccessDeniedError.exit_code,
-                },
-                status=403,
-            )
-        return await handler(request)
-
-    @routes.get("/v1/health")
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"node": daemon.node_id, "pid": os.getpid()})
-
-    @routes.post("/v1/fetch")
-    async def fetch(request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            artifact = await asyncio.get_running_loop().run_in_executor(None, daemon.fetch, body)
-        except SwarmError as error:
-            return error_response(error)
-        except ValueError as error:
-            return error_response(UsageError(f"swarm: bad fetch request: {error}"))
-        return web.json_response(daemon.describe(artifact))
-
-    @routes.get("/v1/artifacts")
-    async def artifacts(_: web.Request) -> web.Response:
-        return web.json_response(daemon.snapshot())
-
-    @routes.get("/v1/artifacts/{info_hash}")
-    async def artifact(request: web.Request) -> web.Response:
-        found = daemon.artifacts.get(request.match_info["info_hash"])
-        if not found:
-            return error_response(NotFoundError("swarm: this daemon holds no such artifact"))
-        return web.json_response(daemon.describe(found))
-
-    app = web.Application(middlewares=[require_token])
-    app.add_routes(routes)
-    return app
-
-
-async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
-    """Post this node's counters to the coordinator about once a second (soft state), and
-    take the origin plans of its reply. ``wake`` sends a report at once (a new fetch)."""
-    url = daemon.settings.coordinator.rstrip("/") + "/v1/report"  # type: ignore[union-attr]
-    headers = {"Authorization": f"Bearer {daemon.token}"} if daemon.token else {}
-    async with ClientSession(timeout=ClientTimeout(total=2), headers=headers) as http:
-        while True:
-            try:
-                async with http.post(url, json=daemon.snapshot()) as response:
-                    reply = await response.json() if response.status == 200 else {}
-                daemon.take_plans(reply.get("plans") or {})
-                if isinstance(reply.get("members"), list):
-                    daemon.take_members(reply["members"])
-            except (TimeoutError, OSError, ValueError) as error:
-                log.debug("report to %s failed: %s", url, error)
-            wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wake.wait(), REPORT_INTERVAL)
+# -- the process ------------------------------------------------------------------------------
 
 
 def hold_lock(home: Path) -> int:
@@ -622,22 +536,14 @@ async def asg_loop(daemon: Daemon, group: str, port: int) -> None:
         await asyncio.sleep(REFRESH_SECONDS)
 
 
-class InFlight:
-    """Pieces partly downloaded from peers, asked of libtorrent at most every
-    ``IN_FLIGHT_TTL`` seconds: ``get_download_queue`` lists every block in flight as
-    Python dicts, and asked for each fill read it took most of a daemon's CPU."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-        self._pieces: set[int] = set()
-        self._at = -math.inf
-
-    def __call__(self) -> set[int]:
-        now = time.monotonic()
-        if now - self._at >= IN_FLIGHT_TTL:
-            self._pieces = {p["piece_index"] for p in self.handle.get_download_queue()}
-            self._at = now
-        return self._pieces
+async def watch_loop(daemon: Daemon) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL)
+        try:
+            await loop.run_in_executor(None, daemon.watch)
+        except Exception:  # the watchdog must outlive one bad check
+            log.exception("watching the seeded files failed")
 
 
 async def serve(
@@ -675,7 +581,20 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     wake = asyncio.Event()
     daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
-    reporter = asyncio.create_task(report_loop(daemon, wake)) if settings.coordinator else None
+    tasks: list[asyncio.Task[None]] = [asyncio.create_task(watch_loop(daemon))]
+    if settings.coordinator:
+        tasks.append(asyncio.create_task(report_loop(daemon, wake)))
+
+    def start_asg(group: str) -> None:
+        def start() -> None:
+            tasks.append(asyncio.create_task(asg_loop(daemon, group, port)))
+
+        loop.call_soon_threadsafe(start)
+
+    daemon.start_asg = start_asg
+    if peers_from_asg:
+        daemon.asg_groups.add(peers_from_asg)
+        start_asg(peers_from_asg)
     udp_server = None
     if daemon.udp_secret and udp_port:
         udp_server = UdpServer(
@@ -683,15 +602,15 @@ async def serve(
         )
         await udp_server.start()
         log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
-    starter = asyncio.create_task(on_ready(daemon)) if on_ready else None
-    asg = asyncio.create_task(asg_loop(daemon, peers_from_asg, port)) if peers_from_asg else None
+    if on_ready:
+        tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
     try:
         await stop.wait()
+        log.info("stopping: saving resume data")
     finally:
-        for task in (reporter, starter, asg):
-            if task:
-                task.cancel()
+        for task in tasks:
+            task.cancel()
         if udp_server:
             await udp_server.close()
         await runner.cleanup()

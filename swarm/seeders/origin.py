@@ -12,6 +12,7 @@ from typing import Any
 
 from swarm.agent.daemon import Daemon
 from swarm.errors import SwarmError
+from swarm.messages import FetchRequest
 from swarm.objectstore import S3_ERRORS, S3Url, make_client, raise_for
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ async def preheat(daemon: Daemon, catalog: str, names: list[str]) -> None:
         for name in wanted:
             if name in requested:
                 continue
-            request = {"source": name, "catalog": catalog, "sources": ["s3"]}
+            request = FetchRequest(source=name, catalog=catalog, sources=("s3",))
             try:
                 artifact = await loop.run_in_executor(None, daemon.fetch, request)
             except SwarmError as error:

@@ -143,6 +143,15 @@ class TorrentState:
     peers_banned: int = 0
     """Peers banned for sending bad data (libtorrent's smart_ban finds the culprit)."""
     resume_saved: threading.Event = field(default_factory=threading.Event)
+    flushes: threading.Condition = field(default_factory=threading.Condition)
+    flush_requested: int = 0
+    flush_done: int = 0
+    """Flush tickets (:meth:`TorrentSession.flush`): libtorrent's disk threads write
+    pieces after they pass their hash, so a piece it holds may not be in the file yet;
+    ``flush_cache`` is a fence that completes once every earlier write has."""
+    renamed: Future[str | None] | None = None
+    """The pending ``rename_file`` (None: success, else libtorrent's error)."""
+    paused: threading.Event = field(default_factory=threading.Event)
     held: set[int] = field(default_factory=set)
     """Pieces libtorrent holds, from its alerts (``piece_finished_alert``, and each status
     update): asking the handle (``have_piece``) is a round trip to libtorrent's network
@@ -177,12 +186,13 @@ class TorrentSession:
     def add(
         self,
         manifest: Manifest,
-        save_dir: Path,
+        data_path: Path,
         trackers: list[str],
         *,
         trust_resume: bool = True,
     ) -> TorrentState:
-        """Add (or return) the torrent of ``manifest``, its data under ``save_dir``.
+        """Add (or return) the torrent of ``manifest``, its data in the file ``data_path``
+        (whatever the torrent calls it: the daemon keeps data beside DEST).
 
         Resume data saved earlier for this info-hash is used, so a restarted daemon goes
         on seeding without downloading again. After an unclean stop (``trust_resume``
@@ -202,7 +212,8 @@ class TorrentSession:
                 log.warning("ignoring unreadable resume data %s: %s", resume_file, error)
                 params = lt.add_torrent_params()
         params.ti = strip_web_seeds(manifest.torrent)
-        params.save_path = str(save_dir)
+        params.save_path = str(data_path.parent)
+        params.renamed_files = {0: data_path.name}
         params.trackers = trackers
         params.url_seeds = []
         flags = params.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
@@ -235,6 +246,41 @@ class TorrentSession:
             with self._lock:
                 state.pending.pop(index, None)
 
+    def flush(self, info_hash: str, timeout: float = 30.0) -> bool:
+        """Wait until every piece libtorrent holds now is written to the file (readable by
+        another process or thread); False on timeout."""
+        state = self.torrents[info_hash]
+        with state.flushes:
+            state.flush_requested += 1
+            ticket = state.flush_requested
+        state.handle.flush_cache()
+        with state.flushes:
+            return state.flushes.wait_for(lambda: state.flush_done >= ticket, timeout)
+
+    def rename(self, info_hash: str, name: str, timeout: float = 30.0) -> str | None:
+        """Rename the torrent's file within its directory (a fence after every write);
+        None on success, else libtorrent's error. libtorrent refuses to overwrite."""
+        state = self.torrents[info_hash]
+        state.renamed = Future()
+        state.handle.rename_file(0, name)
+        return state.renamed.result(timeout)
+
+    def pause(self, info_hash: str, timeout: float = 30.0) -> bool:
+        state = self.torrents[info_hash]
+        state.paused.clear()
+        state.handle.unset_flags(lt.torrent_flags.auto_managed)
+        state.handle.pause()
+        return state.paused.wait(timeout)
+
+    def remove(self, info_hash: str) -> None:
+        """Stop seeding a torrent (its data is left alone) and forget its resume data."""
+        with self._lock:
+            state = self.torrents.pop(info_hash, None)
+        if state is not None:
+            with contextlib.suppress(RuntimeError):
+                self.session.remove_torrent(state.handle)
+        (self.resume_dir / f"{info_hash}.resume").unlink(missing_ok=True)
+
     def admit_only(self, addresses: list[str]) -> None:
         """Let peer connections (both ways) only to and from ``addresses``: the fleet's
         authenticated members. Trackers are exempt (``apply_ip_filter_to_trackers`` off):
@@ -255,10 +301,14 @@ class TorrentSession:
         state.handle.save_resume_data(flags)
 
     def _finishing(self, state: TorrentState) -> None:
-        """All pieces are in: flush them to disk (via save_resume_data), then say finished."""
+        """All pieces are in: flush them to the file, then say finished (and save resume
+        data). ``save_resume_data``'s own flush flag is not a fence: its alert comes
+        before the writes are done."""
         if not state.finishing:
             state.finishing = True
-            self.save_resume(state.info_hash, flush=True)
+            with state.flushes:
+                state.flush_requested += 1
+            state.handle.flush_cache()
 
     def close(self, timeout: float = 5.0) -> None:
         """Save resume data for every torrent, then stop the session."""
@@ -331,22 +381,39 @@ class TorrentSession:
             if state:
                 self._finishing(state)
             return
+        if isinstance(alert, lt.cache_flushed_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                with state.flushes:
+                    state.flush_done += 1
+                    state.flushes.notify_all()
+                if state.finishing and not state.finished.is_set():
+                    state.status = state.handle.status()  # final counters, not 0.5 s old ones
+                    state.finished.set()
+                    self.save_resume(state.info_hash)
+            return
+        if isinstance(alert, lt.file_renamed_alert | lt.file_rename_failed_alert):
+            state = self._state_of(alert.handle)
+            if state and state.renamed is not None and not state.renamed.done():
+                failed = isinstance(alert, lt.file_rename_failed_alert)
+                state.renamed.set_result(alert.message() if failed else None)
+            return
+        if isinstance(alert, lt.torrent_paused_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                state.paused.set()
+            return
         if isinstance(alert, lt.save_resume_data_alert):
             state = self._state_of(alert.handle)
             if state:
                 blob = lt.write_resume_data_buf(alert.params)
                 write_atomically(self.resume_dir / f"{state.info_hash}.resume", blob)
                 state.resume_saved.set()
-                if state.finishing and not state.finished.is_set():
-                    state.status = state.handle.status()  # final counters, not 0.5 s old ones
-                    state.finished.set()
             return
         if isinstance(alert, lt.save_resume_data_failed_alert):
             state = self._state_of(alert.handle)
             if state:
                 state.resume_saved.set()
-                if state.finishing:  # retry the flush; a finished torrent must be flushed
-                    state.finishing = False
             return
         if isinstance(alert, lt.torrent_error_alert | lt.file_error_alert):
             state = self._state_of(alert.handle)

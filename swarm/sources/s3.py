@@ -16,6 +16,7 @@ import http.client
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from swarm.errors import IntegrityError, SwarmError
 from swarm.manifest import Manifest
 from swarm.objectstore import S3Url, raise_for
 from swarm.pieces import DEFAULT_RANGE_SIZE, ByteRange, PieceLayout, plan_ranges
-from swarm.sources import PieceSink, check_cancel
+from swarm.sources import Cancelled, PieceSink
 
 log = logging.getLogger(__name__)
 
@@ -144,26 +145,45 @@ class S3Source:
         ranges = plan_ranges(self.layout, pieces, self.config.range_size)
         if not ranges:
             return
+        # A failed range stops its siblings of this call only: ``self.cancel`` belongs to
+        # the caller (in the daemon, the artifact), and setting it would stop every other
+        # source of the artifact for good.
+        halt = threading.Event()
         with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="s3-get") as pool:
-            futures = [pool.submit(self._fetch_range, r) for r in ranges]
+            futures = [pool.submit(self._fetch_range, r, halt) for r in ranges]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in done if f.exception()]
             if failed:
-                self.cancel.set()  # stop the other workers promptly
+                halt.set()
                 for future in futures:
                     future.cancel()
-                raise failed[0].exception()  # type: ignore[misc]
+                errors = [f.exception() for f in failed]
+                # The most telling error first: a final one (403, 404) over a Cancelled.
+                errors.sort(key=lambda e: isinstance(e, Cancelled))
+                raise errors[0]  # type: ignore[misc]
 
-    def _fetch_range(self, byte_range: ByteRange) -> None:
+    def _stopped(self, halt: threading.Event) -> None:
+        if self.cancel.is_set() or halt.is_set():
+            raise Cancelled
+
+    def _sleep(self, seconds: float, halt: threading.Event) -> None:
+        """Back off for ``seconds``, waking within a quarter second of either stop."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if halt.wait(min(left, 0.25)) or self.cancel.is_set():
+                raise Cancelled
+        self._stopped(halt)
+
+    def _fetch_range(self, byte_range: ByteRange, halt: threading.Event) -> None:
         attempt = 0
         while True:
-            check_cancel(self.cancel)
+            self._stopped(halt)
             wanted = [i for i in byte_range.pieces if not self.sink.have(i)]
             if not wanted:
                 return
             current = plan_ranges(self.layout, wanted, self.config.range_size)
             try:
-                bad = sum(self._get(r) for r in current)
+                bad = sum(self._get(r, halt) for r in current)
                 if not bad:
                     continue  # loop once more to confirm nothing is missing
                 reason = f"{bad} piece(s) failed their hash"
@@ -196,10 +216,9 @@ class S3Source:
                 delay,
                 reason,
             )
-            if self.cancel.wait(delay):
-                check_cancel(self.cancel)
+            self._sleep(delay, halt)
 
-    def _get(self, byte_range: ByteRange) -> int:
+    def _get(self, byte_range: ByteRange, halt: threading.Event) -> int:
         """One ranged GET; offer each piece as it completes. Returns the count of bad pieces.
 
         Every piece of the range is read into one buffer: ``offer`` gets a view that is
@@ -215,7 +234,7 @@ class S3Source:
         buffer = memoryview(bytearray(self.layout.piece_size))
         try:
             for index in byte_range.pieces:
-                check_cancel(self.cancel)
+                self._stopped(halt)
                 data = read_exactly(body, buffer[: self.layout.length(index)])
                 if not self.sink.offer(index, data, SOURCE):
                     bad += 1

@@ -4,6 +4,7 @@ a full disk. Real daemons, real libtorrent, a real S3 server."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import signal
@@ -33,8 +34,9 @@ def stop_daemon(node: Node, sig: int = signal.SIGTERM) -> None:
 
 
 def data_file(node: Node) -> Path:
-    (path,) = (node.home / "data").glob("*/index.db")
-    return path
+    """The file the node's daemon seeds (its record under artifacts/: DEST, one copy)."""
+    (record,) = (node.home / "artifacts").glob("*.json")
+    return Path(json.loads(record.read_text())["path"])
 
 
 def corrupt(path: Path, pieces: list[int]) -> None:

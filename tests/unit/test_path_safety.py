@@ -252,14 +252,20 @@ def test_daemon_restore_refuses_unsafe_manifests_before_adding(tmp_path: Path) -
     }
     for label, data in planted.items():
         (home / "artifacts" / f"{label}.swarm").write_bytes(data)
+    good = Manifest.loads(planted["good"])
+    held = home / "data" / good.info_hash / good.name  # restore skips what has no data
+    held.parent.mkdir(parents=True)
+    held.write_bytes(DATA)
     added: list[Manifest] = []
 
-    def add(manifest: Manifest, sources: tuple[str, ...], **_: object) -> SimpleNamespace:
+    def add(manifest: Manifest, data_path: Path, *_: object, **__: object) -> SimpleNamespace:
+        assert data_path == held
         added.append(manifest)
         return SimpleNamespace()
 
     # restore() without a libtorrent session: only its loading and refusing is under test.
-    Daemon.restore(SimpleNamespace(home=home, _add=add))  # type: ignore[arg-type]
+    fake = SimpleNamespace(home=home, _add=add, _start_finishing=lambda _artifact: None)
+    Daemon.restore(fake)  # type: ignore[arg-type]
 
     assert [m.name for m in added] == ["index.db"]
     data_dir = (home / "data").resolve()

@@ -1,0 +1,134 @@
+"""The daemon's S3 reader for one artifact: reads what the plan says, batch by batch.
+
+Its body runs under a :class:`~swarm.agent.supervisor.SourceTask`; it returns when the
+artifact is complete and raises what S3 answered otherwise (the supervisor decides
+whether to try again). The batch choice is pure (:mod:`swarm.batch`,
+:class:`~swarm.agent.hybrid.LocalOriginPolicy`); this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
+from swarm.agent.registry import Artifact
+from swarm.batch import Batch, BatchKind, all_missing, planned_batch
+from swarm.pieces import DEFAULT_RANGE_SIZE
+from swarm.sources.peers import TorrentSession
+from swarm.sources.s3 import S3Source, S3SourceConfig
+
+ORIGIN_GRACE = 1.0
+"""Seconds a new fetch waits for peers before it reads the origin: long enough for the
+first announce and handshakes on a LAN, short enough not to matter when there are none."""
+
+ORIGIN_BATCH_BYTES = 32 << 20
+"""Bytes read from S3 per local decision; the choice is made again after each batch."""
+
+STRIPE_RANGE = 4 << 20
+"""Range size of stripe and WIDE reads (rounded to whole pieces): a stripe is read as
+several GETs in flight. Each is a TCP flow, and a node's downlink is shared per flow with
+its peer connections (one 16 MiB GET got an eighth of the link against 7 peers). Not
+smaller: every GET costs a first-byte latency on S3 (tens of ms; AWS advises 8-16 MiB)."""
+
+PLAN_TTL = 3.0
+"""A coordinator plan older than this (three missed reports) is stale: the node decides
+alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
+
+IN_FLIGHT_TTL = 1.0
+"""Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
+piece, which libtorrent drops)."""
+
+
+class InFlight:
+    """Pieces partly downloaded from peers, asked of libtorrent at most every
+    ``IN_FLIGHT_TTL`` seconds: ``get_download_queue`` lists every block in flight as
+    Python dicts, and asked for each fill read it took most of a daemon's CPU."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._pieces: set[int] = set()
+        self._at = -math.inf
+
+    def __call__(self) -> set[int]:
+        now = time.monotonic()
+        if now - self._at >= IN_FLIGHT_TTL:
+            self._pieces = {p["piece_index"] for p in self.handle.get_download_queue()}
+            self._at = now
+        return self._pieces
+
+
+def read_origin(
+    session: TorrentSession,
+    artifact: Artifact,
+    node_id: str,
+    has_coordinator: bool,
+    wake_reporter: Callable[[], object],
+) -> None:
+    """Read from S3 what the plan says: the coordinator's stripe, everything missing when
+    the swarm is too slow (WIDE) or S3 is the only source, or, without a fresh plan, the
+    node's own choice. Returns when the artifact is complete."""
+    manifest, sink = artifact.manifest, artifact.sink
+    state = session.torrents[manifest.info_hash]
+    client = artifact.client
+
+    def source(range_size: int, concurrency: int = 8) -> S3Source:
+        return S3Source(
+            client, manifest, sink, artifact.cancel, S3SourceConfig(concurrency, range_size)
+        )
+
+    readers = {
+        BatchKind.ALL: source(DEFAULT_RANGE_SIZE),
+        BatchKind.STRIPE: source(STRIPE_RANGE),
+        BatchKind.WIDE: source(STRIPE_RANGE),
+        BatchKind.FILL: source(manifest.piece_size, 1),
+    }
+    batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
+    local = LocalOriginPolicy(stripe_offset(node_id, manifest.layout.count))
+    s3_only = "peers" not in artifact.sources
+    if not s3_only and has_coordinator:
+        wake_reporter()
+        # The coordinator's first plan; reading alone meanwhile would duplicate stripes.
+        artifact.plan_updated.wait(PLAN_TTL)
+    elif not s3_only and state.finished.wait(ORIGIN_GRACE):
+        return
+    handle = state.handle
+    in_flight = InFlight(handle)
+    while not sink.complete() and not artifact.cancel.is_set():
+        missing = sink.missing()
+        if not missing:
+            state.finished.wait(0.25)  # all held: libtorrent is flushing
+            continue
+        now = time.monotonic()
+        plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
+        batch: Batch
+        if s3_only:
+            batch = all_missing(missing)
+        elif plan is not None:
+            batch = planned_batch(
+                plan, missing, state.held, handle.piece_availability(), in_flight(), local.offset
+            )
+        else:
+            status = state.status
+            pieces = local.choose(
+                missing,
+                handle.piece_availability(),
+                in_flight(),
+                batch_pieces,
+                piece_size=manifest.piece_size,
+                peers_rate=float(status.download_payload_rate) if status is not None else 0.0,
+                s3_bytes=sink.bytes_by_source.get("s3", 0),
+                now=now,
+            )
+            kind = BatchKind.WIDE if local.state.mode == "wide" else BatchKind.STRIPE
+            batch = Batch(kind, pieces)
+        artifact.plan_updated.clear()
+        if not batch.pieces:
+            artifact.plan_updated.wait(0.25)
+            continue
+        readers[batch.kind].fetch(batch.pieces)
+        if plan is not None and batch.kind is not BatchKind.FILL:
+            wake_reporter()  # report the finished stripe, for the next
+            artifact.plan_updated.wait(0.5)

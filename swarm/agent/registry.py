@@ -1,0 +1,119 @@
+"""The artifacts a daemon holds, and where each one's data lives.
+
+On disk, under ``SWARM_HOME``::
+
+    artifacts/IH.swarm   the manifest (to seed again after a restart)
+    artifacts/IH.json    {"path": DATA FILE, "dest": DEST or null}: where the data is
+
+The data is one file: beside DEST (the hidden partial while fetching, DEST afterwards),
+or ``data/IH/NAME`` for artifacts fetched with no DEST of their own (seeders, ``--copy``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swarm.agent.store import partial_path
+from swarm.manifest import Manifest
+from swarm.messages import SOURCES, OriginPlan
+
+if TYPE_CHECKING:
+    from swarm.agent.destlock import DestLock
+    from swarm.agent.finisher import Finisher
+    from swarm.agent.hybrid import TorrentSink
+    from swarm.agent.supervisor import SourceTask
+
+
+@dataclass
+class Artifact:
+    """The daemon's view of one artifact it fetches or seeds."""
+
+    manifest: Manifest
+    sink: TorrentSink
+    data_path: Path
+    """Where libtorrent keeps the bytes now (the partial while fetching into a DEST)."""
+    dest: Path | None = None
+    """The DEST the data becomes once verified (None: the data stays in the home)."""
+    sources: set[str] = field(default_factory=lambda: set(SOURCES))
+    cancel: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+    seconds: float | None = None
+    restored: bool = False
+    """Held before this daemon started (restored from resume data), not fetched by it."""
+    verified: threading.Event = field(default_factory=threading.Event)
+    """Set once the whole file matched its SHA-256 and sits at its final path."""
+    failure: tuple[str, int] | None = None
+    """(message, exit code) once the fetch cannot complete (see ``status.failure_of``)."""
+    client: Any = None
+    """The S3 client of the latest request (a later request may name another endpoint)."""
+    tasks: dict[str, SourceTask] = field(default_factory=dict)
+    finisher: Finisher | None = None
+    lock: DestLock | None = None
+    plan: OriginPlan | None = None
+    """The coordinator's latest origin plan for us."""
+    plan_at: float = 0.0
+    plan_updated: threading.Event = field(default_factory=threading.Event)
+    peers_idle_since: float | None = None
+    """Since when no connected peer holds a missing piece (None: one does)."""
+    inode: int | None = None
+    """The data file's inode once verified: another inode at the path means it was
+    replaced, and the daemon stops seeding it."""
+    gone: str | None = None
+    was_verified: bool = False
+    """Restored from a record that says its whole file matched before the restart."""
+
+    @property
+    def info_hash(self) -> str:
+        return self.manifest.info_hash
+
+    @property
+    def final_path(self) -> Path:
+        return self.dest if self.dest is not None else self.data_path
+
+
+def data_path_for(home: Path, manifest: Manifest, dest: Path | None) -> Path:
+    """Where a new artifact's bytes go while it downloads."""
+    if dest is not None:
+        return partial_path(dest)
+    return home / "data" / manifest.info_hash / manifest.name
+
+
+def save_record(
+    home: Path, manifest: Manifest, path: Path, dest: Path | None, verified: bool = False
+) -> None:
+    """Remember the artifact and where its data is (atomically: a crash leaves the old)."""
+    folder = home / "artifacts"
+    (folder / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
+    record = folder / f"{manifest.info_hash}.json"
+    tmp = record.with_name(record.name + ".tmp")
+    body = {"path": str(path), "dest": str(dest) if dest else None, "verified": verified}
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, record)
+
+
+def load_record(home: Path, manifest: Manifest) -> tuple[Path, Path | None, bool]:
+    """(data path, DEST, verified) of a held artifact; for records of older versions, the
+    home's data dir, verified if libtorrent's resume data says complete."""
+    record = home / "artifacts" / f"{manifest.info_hash}.json"
+    default = home / "data" / manifest.info_hash / manifest.name
+    try:
+        body = json.loads(record.read_text())
+        path = Path(body["path"])
+        dest = Path(body["dest"]) if body.get("dest") else None
+        verified = bool(body.get("verified"))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return default, None, False
+    if not path.is_absolute() or (dest is not None and not dest.is_absolute()):
+        return default, None, False
+    return path, dest, verified
+
+
+def forget_record(home: Path, info_hash: str) -> None:
+    for suffix in (".swarm", ".json"):
+        (home / "artifacts" / f"{info_hash}{suffix}").unlink(missing_ok=True)

@@ -1,0 +1,68 @@
+"""Which pieces a node's S3 reader takes next, under a coordinator plan (pure).
+
+The reader (:mod:`swarm.agent.origin`) asks this after every batch, so pieces that
+arrive from peers meanwhile are not read twice. Without a fresh plan the node's own
+:class:`~swarm.agent.hybrid.LocalOriginPolicy` decides instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from swarm.agent.hybrid import fill_pieces, wide_pieces
+from swarm.messages import OriginPlan
+from swarm.policy import Mode
+
+FILL_PIECES = 1
+"""Pieces per *fill* read (see :func:`swarm.agent.hybrid.fill_pieces`): one more TCP
+flow on a node's downlink, which takes the slack when the swarm is slower."""
+
+
+class BatchKind(StrEnum):
+    ALL = "all"
+    """S3 is the only source: every missing piece, in wide ranges."""
+    STRIPE = "stripe"
+    """The node's share of the origin: pieces nobody holds or reads yet."""
+    WIDE = "wide"
+    """The swarm is too slow: the stripe, then everything else missing."""
+    FILL = "fill"
+    """Every piece has left the origin: one rare piece, to fill an idle link."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    kind: BatchKind
+    pieces: list[int]
+
+
+def all_missing(missing: Sequence[int]) -> Batch:
+    return Batch(BatchKind.ALL, list(missing))
+
+
+def planned_batch(
+    plan: OriginPlan,
+    missing: Sequence[int],
+    held: Collection[int],
+    availability: Sequence[int],
+    in_flight: set[int],
+    offset: int,
+) -> Batch:
+    """The batch a coordinator's plan asks for.
+
+    STRIPE: the plan's stripe minus what is held; when the stripe is done and the plan
+    says ``fill``, one rare piece (:data:`FILL_PIECES`). WIDE: the stripe first, then
+    every other missing piece in :func:`wide_pieces` order.
+    """
+    stripe = [p for p in plan.stripe if p not in held]
+    if plan.mode != Mode.WIDE:
+        if not stripe and plan.fill:
+            return Batch(
+                BatchKind.FILL,
+                fill_pieces(missing, availability, in_flight, offset, FILL_PIECES),
+            )
+        return Batch(BatchKind.STRIPE, stripe)
+    taken = set(stripe)
+    slow = wide_pieces(missing, availability, in_flight, len(missing))
+    return Batch(BatchKind.WIDE, stripe + [p for p in slow if p not in taken])

@@ -1,0 +1,176 @@
+"""Typed messages shared by the CLI, the node daemon and the coordinator.
+
+On the wire they are JSON objects; here they are dataclasses, built from JSON by
+``from_json`` (which refuses a bad field with a :class:`UsageError` naming it) and turned
+back by ``to_json``. Unknown fields are ignored, so an older peer's message still parses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from swarm.errors import UsageError
+
+SOURCES: tuple[str, ...] = ("s3", "peers")
+"""What a fetch reads from unless told otherwise (``udp://HOST:PORT`` sources are extra)."""
+
+
+def parse_udp_source(source: str) -> tuple[str, int]:
+    """``udp://HOST:PORT`` -> (host, port)."""
+    host, sep, port = source.removeprefix("udp://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"swarm: bad UDP source {source!r}: use udp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def check_sources(sources: tuple[str, ...]) -> tuple[str, ...]:
+    """The sources of a fetch, validated: s3, peers, udp://HOST:PORT."""
+    for source in sources:
+        if source.startswith("udp://"):
+            parse_udp_source(source)
+        elif source not in SOURCES:
+            raise UsageError(f"swarm: unknown source {source!r}: use s3, peers, udp://HOST:PORT")
+    if not sources:
+        raise UsageError("swarm: a fetch needs at least one source")
+    return sources
+
+
+def _optional_str(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise UsageError(f"swarm: bad fetch request: {name} must be a string, got {value!r}")
+    return value or None
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """``POST /v1/fetch``: what ``swarm fetch`` asks of its node's daemon.
+
+    Attributes:
+        source: ``s3://BUCKET/KEY`` or a catalog name.
+        dest: DEST as an absolute path; the daemon keeps the artifact's data there (one
+            copy on disk). None: data stays in the daemon's home (seeders).
+        copy: DEST is a private writable copy; the daemon seeds its own copy.
+        catalog, endpoint_url: how to resolve ``source`` (None: the daemon's settings).
+        sources: what to read from (see :data:`SOURCES`).
+        listen, coordinator: what the CLI was told; a running daemon that was started
+            otherwise refuses the request rather than ignore them.
+        peers_from_asg: an Auto Scaling group whose instances the daemon dials as peers.
+    """
+
+    source: str
+    dest: str | None = None
+    copy: bool = False
+    catalog: str | None = None
+    endpoint_url: str | None = None
+    sources: tuple[str, ...] = SOURCES
+    listen: str | None = None
+    coordinator: str | None = None
+    peers_from_asg: str | None = None
+
+    @classmethod
+    def from_json(cls, body: object) -> FetchRequest:
+        if not isinstance(body, dict):
+            raise UsageError("swarm: bad fetch request: expected a JSON object")
+        source = body.get("source")
+        if not isinstance(source, str) or not source:
+            raise UsageError("swarm: the fetch request names no source")
+        raw_sources = body.get("sources") or list(SOURCES)
+        if not isinstance(raw_sources, list) or not all(isinstance(s, str) for s in raw_sources):
+            raise UsageError(f"swarm: bad fetch request: sources must be strings: {raw_sources!r}")
+        dest = _optional_str(body, "dest")
+        if dest is not None and not dest.startswith("/"):
+            raise UsageError(f"swarm: bad fetch request: dest must be absolute, got {dest!r}")
+        return cls(
+            source=source,
+            dest=dest,
+            copy=bool(body.get("copy", False)),
+            catalog=_optional_str(body, "catalog"),
+            endpoint_url=_optional_str(body, "endpoint_url"),
+            sources=check_sources(tuple(dict.fromkeys(raw_sources))),
+            listen=_optional_str(body, "listen"),
+            coordinator=_optional_str(body, "coordinator"),
+            peers_from_asg=_optional_str(body, "peers_from_asg"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["sources"] = list(self.sources)
+        return body
+
+
+@dataclass
+class ArtifactStatus:
+    """``GET /v1/artifacts/IH``: one artifact as its daemon sees it.
+
+    ``complete`` means verified (whole-file SHA-256) and at ``path``; ``failed`` (with
+    ``exit_code``) means no source can make progress; ``waiting`` says, per source, what
+    it waits on (shown on the progress line, so a stalled fetch says why).
+    """
+
+    info_hash: str
+    name: str
+    size: int
+    sha256: str
+    path: str
+    state: str
+    complete: bool
+    have_bytes: int
+    bytes_by_source: dict[str, int]
+    down_rate: int = 0
+    up_rate: int = 0
+    uploaded: int = 0
+    peers: int = 0
+    seconds: float | None = None
+    elapsed: float | None = None
+    error: str | None = None
+    error_no_space: bool = False
+    s3_error: str | None = None
+    udp_error: str | None = None
+    waiting: dict[str, str] = field(default_factory=dict)
+    failed: str | None = None
+    exit_code: int | None = None
+    hash_failures: int = 0
+    peer_hash_failures: int = 0
+    peers_banned: int = 0
+    piece_size: int = 0
+    piece_count: int = 0
+    pieces: str | None = None
+    mode: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ArtifactStatus:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in body.items() if k in known})
+
+
+@dataclass(frozen=True)
+class OriginPlan:
+    """The coordinator's origin plan for one node and artifact (``plans[IH]`` of a report
+    reply): the pieces to read from S3 (``stripe``), the mode, and whether fill reads of
+    rare pieces are worth it."""
+
+    stripe: tuple[int, ...] = ()
+    mode: str = "stripe"
+    fill: bool = False
+    s3_estimate: float | None = None
+
+    @classmethod
+    def from_json(cls, body: object) -> OriginPlan | None:
+        """None for anything that is not a plan (an old or hostile coordinator)."""
+        if not isinstance(body, dict):
+            return None
+        stripe = body.get("stripe") or []
+        if not isinstance(stripe, list) or not all(isinstance(p, int) for p in stripe):
+            return None
+        estimate = body.get("s3_estimate")
+        return cls(
+            stripe=tuple(stripe),
+            mode=str(body.get("mode") or "stripe"),
+            fill=bool(body.get("fill")),
+            s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
+        )
