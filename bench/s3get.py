@@ -1,12 +1,23 @@
-"""Single-node S3 download throughput: ``swarm fetch --no-daemon`` vs s5cmd vs boto3.
+"""Single-node S3 download throughput: swarm (in process, and through a fresh node's
+daemon) vs s5cmd vs boto3.
 
-One object (``--size``, default 512 MiB, random bytes) is published with ``swarm publish``
+One object (``--size``, default 1 GiB, random bytes) is published with ``swarm publish``
 to a MinIO server on loopback, then each tool downloads it as a fresh process, in
 ``--rounds`` alternating rounds (the order rotates every round), output deleted after
-every run. Reported: wall-clock MB/s (10^6 bytes/s, process start to exit) per run, the
-median per tool, and swarm's ratio to s5cmd (the median of the per-round ratios).
+every run. Tools:
 
-    .venv/bin/python bench/s3get.py [--size 512M] [--rounds 3] [--json]
+- ``swarm``: ``swarm fetch --no-daemon`` (S3 only, in the calling process);
+- ``swarm-daemon``: ``swarm fetch`` on a fresh node (a new SWARM_HOME, its daemon
+  started on demand, no coordinator, no peers): what a new instance runs; the time
+  includes the daemon's start, and DEST is the daemon's verified, seeded file;
+- ``s5cmd`` and ``boto3`` (``download_file``): baselines that verify nothing.
+
+Reported per run: wall-clock MB/s (10^6 bytes/s, process start to exit) and CPU-seconds
+per GiB of the client (its processes, the daemon included; MinIO's own share is printed
+apart); per tool the median, and each swarm tool's ratio to s5cmd (the median of the
+per-round ratios).
+
+    .venv/bin/python bench/s3get.py [--size 1G] [--rounds 5] [--json]
 
 Caveats: the page cache is not dropped (that needs root and is not reliable in
 containers), so MinIO serves the object from memory after the first read and every tool
@@ -23,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -50,7 +62,8 @@ BUCKET = "bench"
 KEY = "artifact.bin"
 
 VENV_BIN = Path(sys.executable).parent
-TOOLS = ("swarm", "s5cmd", "boto3")
+TOOLS = ("swarm", "swarm-daemon", "s5cmd", "boto3")
+SWARM_TOOLS = ("swarm", "swarm-daemon")
 
 BOTO3_SCRIPT = """\
 import sys, boto3
@@ -72,6 +85,10 @@ class Run:
     seconds: float
     mb_per_s: float
     self_reported_seconds: float | None = None
+    cpu_s_per_gib: float = 0.0
+    """User + system CPU-seconds of the client's processes per GiB moved."""
+    server_cpu_s_per_gib: float = 0.0
+    """MinIO's CPU-seconds per GiB during the run (shared by every client alike)."""
 
 
 @dataclass
@@ -85,8 +102,11 @@ class Results:
     def rates(self, tool: str) -> list[float]:
         return [r.mb_per_s for r in sorted(self.runs, key=lambda r: r.round) if r.tool == tool]
 
-    def ratios(self) -> list[float]:
-        return [s / c for s, c in zip(self.rates("swarm"), self.rates("s5cmd"), strict=True)]
+    def ratios(self, tool: str = "swarm") -> list[float]:
+        return [s / c for s, c in zip(self.rates(tool), self.rates("s5cmd"), strict=True)]
+
+    def cpu(self, tool: str) -> list[float]:
+        return [r.cpu_s_per_gib for r in sorted(self.runs, key=lambda r: r.round) if r.tool == tool]
 
     def summary(self) -> dict[str, object]:
         return {
@@ -96,8 +116,9 @@ class Results:
             "pieces": self.pieces,
             "unit": "MB/s (1e6 bytes/s, wall clock of a fresh process)",
             "median_mb_per_s": {t: statistics.median(self.rates(t)) for t in TOOLS},
-            "swarm_to_s5cmd": statistics.median(self.ratios()),
-            "swarm_to_s5cmd_per_round": self.ratios(),
+            "median_cpu_s_per_gib": {t: statistics.median(self.cpu(t)) for t in TOOLS},
+            "to_s5cmd": {t: statistics.median(self.ratios(t)) for t in SWARM_TOOLS},
+            "to_s5cmd_per_round": {t: self.ratios(t) for t in SWARM_TOOLS},
             "page_cache_dropped": False,
             "runs": [asdict(r) for r in self.runs],
         }
@@ -157,7 +178,7 @@ def minio_binary() -> Path:
 
 
 @contextlib.contextmanager
-def minio_server(data_dir: Path, log_path: Path) -> Iterator[str]:
+def minio_server(data_dir: Path, log_path: Path) -> Iterator[tuple[str, int]]:
     """A MinIO on 127.0.0.1 serving ``data_dir``; yields its endpoint URL; killed at exit."""
     binary = minio_binary()
     port, console_port = free_port(), free_port()
@@ -185,7 +206,7 @@ def minio_server(data_dir: Path, log_path: Path) -> Iterator[str]:
         )
     try:
         wait_ready(proc, endpoint, log_path)
-        yield endpoint
+        yield endpoint, proc.pid
     finally:
         stop_process(proc)
 
@@ -274,6 +295,8 @@ def create_bucket(endpoint: str) -> None:
 def tool_command(tool: str, url: str, dest: Path, endpoint: str) -> list[str]:
     if tool == "swarm":
         return [str(VENV_BIN / "swarm"), "fetch", url, str(dest), "--no-daemon", "--json"]
+    if tool == "swarm-daemon":
+        return [str(VENV_BIN / "swarm"), "fetch", url, str(dest), "--listen", "127.0.0.1", "--json"]
     if tool == "s5cmd":
         s5cmd = VENV_BIN / "s5cmd"
         exe = str(s5cmd) if s5cmd.exists() else (shutil.which("s5cmd") or "s5cmd")
@@ -302,12 +325,25 @@ def one_run(
     endpoint: str,
     timeout: float,
     expected_sha256: str | None,
+    server_pid: int | None = None,
 ) -> Run:
     url = f"s3://{BUCKET}/{KEY}"
     cmd = tool_command(tool, url, dest, endpoint)
+    home = Path(env["SWARM_HOME"]) / f"{tool}-{round_no}"  # a fresh node every run
+    env = {**env, "SWARM_HOME": str(home)}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_before = proc_cpu(server_pid)
     started = time.perf_counter()
-    done = run(cmd, env, timeout, f"{tool} (round {round_no})")
-    seconds = time.perf_counter() - started
+    try:
+        done = run(cmd, env, timeout, f"{tool} (round {round_no})")
+        seconds = time.perf_counter() - started
+        server_cpu = proc_cpu(server_pid) - server_before
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+        cpu += stop_daemon(home)  # the daemon is not our child: read it before it goes
+    finally:
+        stop_daemon(home)
+        shutil.rmtree(home, ignore_errors=True)
     try:
         got = dest.stat().st_size if dest.exists() else -1
         if got != size:
@@ -316,8 +352,41 @@ def one_run(
             raise BenchError(f"{tool} wrote a file whose SHA-256 does not match the object")
     finally:
         remove_output(dest)
-    reported = swarm_seconds(done.stdout) if tool == "swarm" else None
-    return Run(tool, round_no, round(seconds, 3), round(size / seconds / 1e6, 1), reported)
+    reported = swarm_seconds(done.stdout) if tool in SWARM_TOOLS else None
+    gib = size / 2**30
+    return Run(
+        tool,
+        round_no,
+        round(seconds, 3),
+        round(size / seconds / 1e6, 1),
+        reported,
+        round(cpu / gib, 2),
+        round(server_cpu / gib, 2),
+    )
+
+
+def proc_cpu(pid: int | None) -> float:
+    """User + system CPU-seconds a live process has used (0 if it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop_daemon(home: Path) -> float:
+    """Stop the node daemon of ``home`` if one runs; return the CPU-seconds it used."""
+    try:
+        pid = int((home / "daemon.pid").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    used = proc_cpu(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    (home / "daemon.pid").unlink(missing_ok=True)
+    return used
 
 
 def remove_output(dest: Path) -> None:
@@ -331,7 +400,7 @@ def bench(args: argparse.Namespace, work: Path) -> Results:
     data_dir, out_dir = work / "minio-data", work / "out"
     data_dir.mkdir()
     out_dir.mkdir()
-    with minio_server(data_dir, work / "minio.log") as endpoint:
+    with minio_server(data_dir, work / "minio.log") as (endpoint, minio_pid):
         log(f"MinIO ready at {endpoint}")
         env = client_env(endpoint, work)
         create_bucket(endpoint)
@@ -356,9 +425,13 @@ def bench(args: argparse.Namespace, work: Path) -> Results:
             for tool in order:
                 check = sha256 if round_no == 1 and not args.no_verify else None
                 result = one_run(
-                    tool, round_no, dest, args.size, env, endpoint, args.timeout, check
+                    tool, round_no, dest, args.size, env, endpoint, args.timeout, check, minio_pid
                 )
-                log(f"round {round_no}: {tool:6s} {result.mb_per_s:8.1f} MB/s")
+                log(
+                    f"round {round_no}: {tool:12s} {result.mb_per_s:8.1f} MB/s  "
+                    f"{result.cpu_s_per_gib:5.2f} CPU-s/GiB "
+                    f"(MinIO {result.server_cpu_s_per_gib:.2f})"
+                )
                 results.runs.append(result)
         return results
 
@@ -366,22 +439,27 @@ def bench(args: argparse.Namespace, work: Path) -> Results:
 def print_table(results: Results) -> None:
     summary = results.summary()
     medians = summary["median_mb_per_s"]
-    assert isinstance(medians, dict)
+    cpu = summary["median_cpu_s_per_gib"]
+    ratios = summary["to_s5cmd"]
+    assert isinstance(medians, dict) and isinstance(cpu, dict) and isinstance(ratios, dict)
     rounds = range(1, results.rounds + 1)
     print(
         f"object: {results.size / 2**20:.0f} MiB, {results.pieces} pieces of "
         f"{results.piece_size // 2**10} KiB; MinIO on loopback; page cache NOT dropped"
     )
     print("MB/s = 1e6 bytes/s, wall clock of a fresh process (start to exit)")
-    header = f"{'tool':8s} {'median':>9s} " + " ".join(f"{'r' + str(n):>8s}" for n in rounds)
+    header = f"{'tool':13s} {'median':>8s} {'CPU-s/GiB':>9s} " + " ".join(
+        f"{'r' + str(n):>7s}" for n in rounds
+    )
     print(header)
     print("-" * len(header))
     for tool in TOOLS:
-        cells = " ".join(f"{rate:8.1f}" for rate in results.rates(tool))
-        print(f"{tool:8s} {medians[tool]:9.1f} {cells}")
-    ratios = " ".join(f"{ratio:8.3f}" for ratio in results.ratios())
+        cells = " ".join(f"{rate:7.1f}" for rate in results.rates(tool))
+        print(f"{tool:13s} {medians[tool]:8.1f} {cpu[tool]:9.2f} {cells}")
     print("-" * len(header))
-    print(f"{'swarm/s5':8s} {summary['swarm_to_s5cmd']:9.3f} {ratios}")
+    for tool in SWARM_TOOLS:
+        cells = " ".join(f"{ratio:7.3f}" for ratio in results.ratios(tool))
+        print(f"{tool + '/s5cmd':22s} {ratios[tool]:9.3f} {cells}")
 
 
 def raise_on_term(signum: int, _frame: FrameType | None) -> None:
@@ -390,10 +468,8 @@ def raise_on_term(signum: int, _frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--size", type=parse_size, default=512 << 20, help="object size (default 512M)"
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--size", type=parse_size, default=1 << 30, help="object size (default 1G)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed per client run (600)"

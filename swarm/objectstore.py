@@ -65,12 +65,18 @@ class S3Url:
         return f"s3://{self.bucket}/{self.key}"
 
 
-def make_client(endpoint_url: str | None = None, max_connections: int = 16) -> Any:
-    """An S3 client; ``endpoint_url`` overrides ``AWS_ENDPOINT_URL`` (boto3 reads it itself)."""
+def make_client(
+    endpoint_url: str | None = None,
+    max_connections: int = 16,
+    max_attempts: int = SDK_MAX_ATTEMPTS,
+) -> Any:
+    """An S3 client; ``endpoint_url`` overrides ``AWS_ENDPOINT_URL`` (boto3 reads it itself).
+    ``max_attempts`` bounds botocore's silent retries of one call (the daemon keeps them
+    few and retries under its supervisor, where the reason shows on the progress line)."""
     session = boto3.session.Session()
     region = session.region_name or os.environ.get("AWS_REGION") or DEFAULT_REGION
     config = Config(
-        retries={"mode": "standard", "max_attempts": SDK_MAX_ATTEMPTS},
+        retries={"mode": "standard", "max_attempts": max_attempts},
         max_pool_connections=max_connections,
         connect_timeout=10,
         read_timeout=60,

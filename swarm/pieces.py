@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import mmap
-import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -137,19 +135,14 @@ def parse_size(text: str) -> int:
 
 
 def file_sha256(path: Path, chunk: int = 8 * MiB) -> str:
-    """Hex SHA-256 of a file, read through mmap in ``chunk``-sized slices (no copy into
-    Python; hashlib drops the GIL while it hashes each slice)."""
+    """Hex SHA-256 of a file, read with ``readinto`` into one reused buffer (hashlib
+    drops the GIL while it hashes each slice). Not mmap: a file another process
+    truncates meanwhile would kill this one with SIGBUS instead of a short read."""
     digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        size = os.fstat(stream.fileno()).st_size
-        if size:
-            with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    for start in range(0, size, chunk):
-                        digest.update(view[start : start + chunk])
-                finally:
-                    view.release()
+    buffer = memoryview(bytearray(chunk))
+    with path.open("rb", buffering=0) as stream:
+        while got := stream.readinto(buffer):  # type: ignore[attr-defined]
+            digest.update(buffer[:got])
     return digest.hexdigest()
 
 

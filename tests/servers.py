@@ -73,6 +73,9 @@ class Faults:
     fail_every: int = 0
     """Answer every Nth request with ``fail_status`` instead of forwarding (0 = never)."""
     fail_status: int = 503
+    fail_ranged_status: int = 0
+    """Answer every ranged GET (a body read; manifests are read whole) with this status
+    while it is set: an outage of S3 reads, switched on and off by the test (0 = off)."""
     reset_every: int = 0
     """Close the connection mid-body on every Nth ranged GET (0 = never)."""
     throttle_bps: int = 0
@@ -134,6 +137,9 @@ class FaultProxy:
             f.requests += 1
             n = f.requests
             fail = bool(f.fail_every) and n % f.fail_every == 0
+            status = f.fail_status
+            if ranged and f.fail_ranged_status:
+                fail, status = True, f.fail_ranged_status
             corrupt = ranged and f.corrupted < f.corrupt_ranged_gets
             reset = ranged and bool(f.reset_every) and n % f.reset_every == 0
             if fail:
@@ -143,12 +149,12 @@ class FaultProxy:
             if reset:
                 f.resets += 1
         if fail:
-            code, message = S3_ERRORS.get(f.fail_status, ("Error", "injected"))
+            code, message = S3_ERRORS.get(status, ("Error", "injected"))
             payload = (
                 f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>{message}"
                 "</Message></Error>"
             ).encode()
-            handler.send_response(f.fail_status)
+            handler.send_response(status)
             handler.send_header("Content-Type", "application/xml")
             handler.send_header("Content-Length", str(len(payload)))
             handler.end_headers()

@@ -68,6 +68,10 @@ log = logging.getLogger(__name__)
 WATCH_INTERVAL = 2.0
 """Seconds between checks that every seeded file is still the one verified."""
 
+DAEMON_SDK_ATTEMPTS = 3
+"""botocore's own tries per S3 call in the daemon: its retries are silent (eight of them
+with backoff hid a minute of 503s), the supervisor's show on the progress line."""
+
 STOP_BUDGET = 8.0
 """Seconds a stopping daemon gives libtorrent to save resume data (systemd's default
 stop timeout is 90 s; a fetch's CLI waits for its daemon's answer meanwhile)."""
@@ -234,7 +238,9 @@ class Daemon:
         A later request for an artifact already here restarts its failed sources (with
         this request's S3 endpoint) and adds the sources it names."""
         self.check_request(request)
-        client = make_client(request.endpoint_url or self.settings.endpoint_url)
+        client = make_client(
+            request.endpoint_url or self.settings.endpoint_url, max_attempts=DAEMON_SDK_ATTEMPTS
+        )
         url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
         manifest = catalog.load_manifest(client, url, self.settings.secret)
         dest = Path(request.dest) if request.dest and not request.copy else None
@@ -287,6 +293,11 @@ class Daemon:
         body: Callable[[], None]
         if name == "s3":
 
+            def note(reason: str | None) -> None:
+                task = artifact.tasks.get("s3")
+                if task is not None:
+                    task.detail = reason
+
             def body() -> None:
                 read_origin(
                     self.session,
@@ -294,6 +305,8 @@ class Daemon:
                     self.node_id,
                     bool(self.trackers),
                     self.wake_reporter,
+                    note,
+                    expect_peers=bool(self.trackers or self.extra_peers or self.asg_groups),
                 )
 
             def progress() -> int:

@@ -7,13 +7,17 @@ is a :class:`PieceFile` beside DEST. The daemon (peers, UDP) reuses the same pie
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from swarm import catalog
+from swarm.agent.destlock import DestLock
+from swarm.agent.destlock import describe as describe_owner
 from swarm.agent.store import PieceFile, check_dest
 from swarm.errors import DeadlineError, SwarmError
 from swarm.manifest import Manifest
@@ -22,6 +26,12 @@ from swarm.pieces import file_sha256
 from swarm.progress import FetchProgress
 from swarm.sources import Cancelled
 from swarm.sources.s3 import S3Source, S3SourceConfig
+
+T = TypeVar("T")
+
+LOCK_WAIT = 3600.0
+"""Seconds a fetch without a deadline waits for another fetch of the same artifact to
+the same DEST (then finds DEST complete and returns at once)."""
 
 
 @dataclass
@@ -69,6 +79,35 @@ def run_with_deadline(
             timer.cancel()
 
 
+def within_deadline(deadline: float | None, started: float, work: Callable[[], T]) -> T:
+    """Run blocking ``work`` (a catalog or manifest read) within what is left of the
+    deadline: an S3 endpoint that accepts connections and never answers would otherwise
+    hold the fetch for botocore's timeouts times its retries (minutes)."""
+    if deadline is None:
+        return work()
+    left = deadline - (time.monotonic() - started)
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as error:  # re-raised in the caller's thread
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="deadline-bound", daemon=True)
+    thread.start()
+    thread.join(max(left, 0))
+    if thread.is_alive():
+        raise DeadlineError(
+            f"swarm: deadline of {deadline:g}s passed while reading the artifact's manifest "
+            "(the S3 endpoint does not answer); check AWS_ENDPOINT_URL and the network"
+        )
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
 def fetch_in_process(
     source: str,
     dest: Path,
@@ -87,8 +126,34 @@ def fetch_in_process(
     dest = dest.absolute()
     check_dest(dest)
     client = make_client(endpoint_url, max_connections=s3_config.concurrency + 2)
-    url = catalog.resolve(client, source, catalog_url)
-    manifest = catalog.load_manifest(client, url, secret)
+    manifest = within_deadline(
+        deadline,
+        started,
+        lambda: catalog.load_manifest(client, catalog.resolve(client, source, catalog_url), secret),
+    )
+    lock = DestLock(
+        dest, {"pid": os.getpid(), "name": manifest.name, "info_hash": manifest.info_hash}
+    )
+    if not lock.acquire(manifest.info_hash, timeout=deadline or LOCK_WAIT):
+        raise DeadlineError(
+            f"swarm: {dest} is still being fetched by another swarm fetch "
+            f"({describe_owner(lock.current_owner())}); rerun once it is done"
+        )
+    try:
+        return _fetch_locked(manifest, client, dest, started, deadline, s3_config, progress)
+    finally:
+        lock.release()
+
+
+def _fetch_locked(
+    manifest: Manifest,
+    client: object,
+    dest: Path,
+    started: float,
+    deadline: float | None,
+    s3_config: S3SourceConfig,
+    progress: FetchProgress,
+) -> FetchResult:
 
     def result(**extra: object) -> FetchResult:
         return FetchResult(
@@ -103,7 +168,7 @@ def fetch_in_process(
     if dest_already_matches(dest, manifest):
         return result(already_present=True)
 
-    store = PieceFile(manifest, dest)
+    store = PieceFile(manifest, dest, check_pieces=False)
     store.open()
     resumed = store.bytes_done
     progress.start(manifest, dest, resumed)
@@ -112,10 +177,17 @@ def fetch_in_process(
     s3 = S3Source(client, manifest, store, cancel, s3_config)
     try:
         whole_file = store.start_prefix_hasher()
-        run_with_deadline(deadline, cancel, lambda: s3.fetch(store.missing()))
+        left = None if deadline is None else max(deadline - (time.monotonic() - started), 0.001)
+        run_with_deadline(left, cancel, lambda: s3.fetch(store.missing()))
         if not store.complete:
             raise SwarmError(f"swarm: {len(store.missing())} pieces still missing after S3 fetch")
         progress.verifying()
+        if not store.whole_file_matches(whole_file) and store.drop_bad_pieces():
+            # Bytes went bad on the way (each piece is checked from now on): read the
+            # pieces that fail their SHA-1 again, then hash the whole file again.
+            whole_file = store.start_prefix_hasher()
+            left = None if deadline is None else max(deadline - (time.monotonic() - started), 0.001)
+            run_with_deadline(left, cancel, lambda: s3.fetch(store.missing()))
         store.finalize(whole_file)
     except BaseException:
         cancel.set()

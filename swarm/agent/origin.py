@@ -66,6 +66,8 @@ def read_origin(
     node_id: str,
     has_coordinator: bool,
     wake_reporter: Callable[[], object],
+    on_retry: Callable[[str | None], None] | None = None,
+    expect_peers: bool = True,
 ) -> None:
     """Read from S3 what the plan says: the coordinator's stripe, everything missing when
     the swarm is too slow (WIDE) or S3 is the only source, or, without a fresh plan, the
@@ -75,9 +77,8 @@ def read_origin(
     client = artifact.client
 
     def source(range_size: int, concurrency: int = 8) -> S3Source:
-        return S3Source(
-            client, manifest, sink, artifact.cancel, S3SourceConfig(concurrency, range_size)
-        )
+        config = S3SourceConfig(concurrency, range_size)
+        return S3Source(client, manifest, sink, artifact.cancel, config, on_retry=on_retry)
 
     readers = {
         BatchKind.ALL: source(DEFAULT_RANGE_SIZE),
@@ -92,7 +93,7 @@ def read_origin(
         wake_reporter()
         # The coordinator's first plan; reading alone meanwhile would duplicate stripes.
         artifact.plan_updated.wait(PLAN_TTL)
-    elif not s3_only and state.finished.wait(ORIGIN_GRACE):
+    elif not s3_only and expect_peers and state.finished.wait(ORIGIN_GRACE):
         return
     handle = state.handle
     in_flight = InFlight(handle)
@@ -104,14 +105,16 @@ def read_origin(
         now = time.monotonic()
         plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
         batch: Batch
-        if s3_only:
+        status = state.status
+        if s3_only or (plan is None and (status is None or not status.num_peers)):
+            # Nobody to share with (yet): read all of it at full width, like s5cmd. Each
+            # range skips pieces held by then, so peers that show up still save reads.
             batch = all_missing(missing)
         elif plan is not None:
             batch = planned_batch(
                 plan, missing, state.held, handle.piece_availability(), in_flight(), local.offset
             )
         else:
-            status = state.status
             pieces = local.choose(
                 missing,
                 handle.piece_availability(),

@@ -34,7 +34,7 @@ def update_failure(artifact: Artifact, status: Any, now: float) -> dict[str, str
     """Per-source waits; sets ``artifact.failure`` once no source can make progress."""
     waiting: dict[str, str] = {}
     for name, task in artifact.tasks.items():
-        if task.state in (TaskState.BACKOFF, TaskState.FAILED) and task.detail:
+        if task.detail:  # a retry's reason, a backoff, or a final failure
             waiting[name] = task.detail
     if artifact.verified.is_set() or artifact.sink.complete():
         return waiting

@@ -84,7 +84,7 @@ def ensure_space(directory: Path, needed: int) -> None:
 class PieceFile:
     """A partial file for one artifact, written at piece offsets by any number of sources."""
 
-    def __init__(self, manifest: Manifest, dest: Path) -> None:
+    def __init__(self, manifest: Manifest, dest: Path, check_pieces: bool = True) -> None:
         self.manifest = manifest
         self.dest = dest
         self.partial = partial_path(dest)
@@ -99,6 +99,11 @@ class PieceFile:
         self._last_save = 0.0
         self.bytes_by_source: dict[str, int] = {}
         self.hash_failures = 0
+        self.check_pieces = check_pieces
+        """Check each offered piece's SHA-1 before keeping it. Off for a lone S3 fetch:
+        the whole-file SHA-256 checks every byte anyway, and hashing each byte twice was
+        a good part of a core; on a mismatch, :meth:`drop_bad_pieces` finds the culprits
+        and the fetch reads them again with this on."""
         self.on_piece: Callable[[int, int], None] | None = None
         """Called as ``on_piece(index, length)`` after each newly stored piece."""
 
@@ -171,9 +176,8 @@ class PieceFile:
         Returns False (and counts a hash failure) when it does not match, so the source
         can fetch it again. A piece already held is accepted and ignored.
         """
-        if (
-            len(data) != self.layout.length(index)
-            or hashlib.sha1(data).digest() != self._hashes[index]
+        if len(data) != self.layout.length(index) or (
+            self.check_pieces and hashlib.sha1(data).digest() != self._hashes[index]
         ):
             with self._lock:
                 self.hash_failures += 1
@@ -204,19 +208,31 @@ class PieceFile:
 
     # -- finishing -------------------------------------------------------------------------
 
+    def drop_bad_pieces(self) -> int:
+        """After a whole-file mismatch: forget every piece whose SHA-1 does not match
+        (they are fetched again, checked this time); returns how many."""
+        bad = {i for i in list(self._have) if not self._verify_on_disk(i)}
+        with self._lock:
+            self._have -= bad
+            self.hash_failures += len(bad)
+        self.check_pieces = True
+        return len(bad)
+
+    def whole_file_matches(self, hasher: Callable[[], str]) -> bool:
+        if not self.complete:
+            raise SwarmError(f"swarm: internal error: {len(self.missing())} pieces missing")
+        return hasher() == self.manifest.sha256
+
     def finalize(self, hasher: Callable[[], str]) -> None:
         """Check the whole-file SHA-256, then atomically rename the partial file to DEST."""
-        if not self.complete:
-            raise SwarmError(f"swarm: internal error: finalize with {len(self.missing())} missing")
-        os.fsync(self._fd)
-        digest = hasher()
-        if digest != self.manifest.sha256:
+        if not self.whole_file_matches(hasher):
             self.discard()
             raise IntegrityError(
-                f"swarm: {self.manifest.name} has SHA-256 {digest} but the manifest says "
-                f"{self.manifest.sha256}: every piece matched, so the manifest itself is "
-                "wrong; republish the artifact"
+                f"swarm: {self.manifest.name} does not match the manifest's SHA-256 "
+                f"{self.manifest.sha256} though every piece matched its SHA-1: the manifest "
+                "itself is wrong; republish the artifact"
             )
+        os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
         os.replace(self.partial, self.dest)

@@ -130,6 +130,7 @@ class S3Source:
         cancel: threading.Event,
         config: S3SourceConfig | None = None,
         rng: random.Random | None = None,
+        on_retry: Callable[[str | None], None] | None = None,
     ) -> None:
         self.client = client
         self.url = S3Url(manifest.bucket, manifest.key)
@@ -139,6 +140,8 @@ class S3Source:
         self.config = config or S3SourceConfig()
         self.rng = rng or random.Random()
         self.retries = 0
+        self.on_retry = on_retry
+        """Told each retry's reason as it happens (None once a range succeeds again)."""
 
     def fetch(self, pieces: Iterable[int]) -> None:
         """Fetch ``pieces`` (those the sink still misses); return when all are stored."""
@@ -185,6 +188,8 @@ class S3Source:
             try:
                 bad = sum(self._get(r, halt) for r in current)
                 if not bad:
+                    if attempt and self.on_retry:
+                        self.on_retry(None)
                     continue  # loop once more to confirm nothing is missing
                 reason = f"{bad} piece(s) failed their hash"
             except RETRYABLE_ERRORS as error:
@@ -198,6 +203,8 @@ class S3Source:
                 raise_for(error, self.url)
             attempt += 1
             self.retries += 1
+            if self.on_retry:
+                self.on_retry(reason)
             if attempt >= MAX_RANGE_ATTEMPTS:
                 if reason.endswith("hash"):
                     raise IntegrityError(
