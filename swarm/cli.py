@@ -542,7 +542,7 @@ def userdata(
 @cli.command()
 @click.option(
     "--size",
-    default="256M",
+    default="128M",
     show_default=True,
     callback=lambda _c, _p, v: parse_size(v),
     help="Size of the generated artifact.",
