@@ -89,6 +89,11 @@ def proc_hwm(pid: int) -> int:
     return 0
 
 
+def loadavg() -> str:
+    """The 1-minute load average: this machine's cores are shared, so say how busy."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
 def self_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -210,6 +215,10 @@ class SimNode:
         self.counters = {"peers": 0, "s3": 0, "udp": 0}
         self.stripe: list[int] = []
         self.members_epoch: Any = None
+        self.track_members = True
+        """An authenticated fleet's node keeps the member list (its peer filter)."""
+        self.new_protocol = True
+        """Sends ``members_epoch`` (issue 12); False: as daemons before it, no epoch."""
         self.started = 0.0
 
     @property
@@ -269,7 +278,9 @@ class SimNode:
                 }
             ],
         }
-        if self.members_epoch is not None:
+        if not self.track_members:
+            body["want_members"] = False
+        elif self.members_epoch is not None or self.new_protocol:
             body["members_epoch"] = self.members_epoch
         return json.dumps(body).encode()
 
@@ -374,14 +385,20 @@ async def post_report(
     stats.reply_bytes.append(len(raw))
     if killed and url not in killed:
         stats.after_kill.append(loop.time() - min(killed.values()))
-    reply = json.loads(raw)
+    # the reply's member list or delta comes last (the coordinator splices it in): read
+    # what a node acts on without decoding thousands of addresses, as a daemon's C
+    # JSON parser would not be this machine's bottleneck either
+    cut = raw.find(b', "members')
+    if cut > 0:
+        stats.members += 1
+        reply = json.loads(raw[:cut] + b"}")
+    else:
+        reply = json.loads(raw)
     interval = reply.get("interval")
     interval = float(interval) if isinstance(interval, int | float) and interval > 0 else 1.0
     stats.intervals.append(interval)
     if "members_epoch" in reply:
         node.members_epoch = reply["members_epoch"]
-    if "members" in reply or "members_delta" in reply:
-        stats.members += 1
     plan = (reply.get("plans") or {}).get(INFO_HASH.hex())
     if isinstance(plan, dict):
         node.stripe = [p for p in plan.get("stripe", []) if isinstance(p, int) and 0 <= p < PIECES]
@@ -420,6 +437,9 @@ async def drive(
     rng = random.Random(args.seed)
     urls = [c.url for c in running]
     nodes = [SimNode(i, random.Random(rng.random()), urls) for i in range(count)]
+    for node in nodes:
+        node.track_members = args.members != "none"
+        node.new_protocol = args.members != "legacy"
     stats = Stats()
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
     killed: dict[str, float] = {}
@@ -461,6 +481,8 @@ def pct(values: list[float], q: float) -> float:
 
 def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coordinator]) -> str:
     cores = " + ".join(f"{(c.cpu or 0) / wall:.2f}" for c in running)
+    requests = stats.answered + len(stats.announce_latencies)
+    per_request = sum(c.cpu or 0 for c in running) / max(1, requests) * 1000
     rss = " + ".join(f"{c.hwm >> 20}" for c in running)
     tail = stats.intervals[-max(1, len(stats.intervals) // 10) :]
     interval = statistics.median(tail) if tail else float("nan")
@@ -471,17 +493,18 @@ def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coo
         f"| {count:,} | {stats.answered:,} / {stats.offered:,.0f} = "
         f"{stats.answered / max(stats.offered, 1):.2f} "
         f"| {pct(stats.latencies, 50) * 1000:.0f} ms | {pct(stats.latencies, 99) * 1000:.0f} ms "
-        f"| {stats.errors} ({kinds}) | {interval:.2f} s "
-        f"| {mean_bytes:,.0f} / {max_bytes:,} B | {stats.members:,} "
+        f"| {stats.errors} ({kinds}) | {interval:.1f} s (max {max(stats.intervals, default=0):.1f})"
+        f" | {mean_bytes:,.0f} / {max_bytes:,} B | {stats.members:,} "
         f"| {pct(stats.announce_latencies, 99) * 1000:.0f} ms ({stats.announce_errors} err) "
-        f"| {cores} | {rss} MiB | {own_cpu / wall:.2f} |"
+        f"| {cores} | {per_request:.2f} ms | {rss} MiB | {own_cpu / wall:.2f} | {loadavg()} |"
     )
 
 
 HEADER = (
     "| nodes | reports answered / offered | p50 | p99 | errors | interval | reply bytes"
-    " mean / max | member lists | announce p99 | coordinator CPU (cores) | coordinator"
-    " peak RSS | load generator CPU |\n|" + "---|" * 12
+    " mean / max | replies with members | announce p99 | coordinator CPU (cores) |"
+    " coordinator CPU per request | coordinator peak RSS | load generator CPU |"
+    " load average |\n|" + "---|" * 14
 )
 
 
@@ -496,6 +519,14 @@ def main() -> None:
     parser.add_argument(
         "--kill-at", type=float, help="SIGKILL the first coordinator this many seconds in"
     )
+    parser.add_argument(
+        "--members",
+        choices=["epoch", "legacy", "none"],
+        default="epoch",
+        help="nodes keep the member list by epoch (an authenticated fleet, the default), "
+        "take the whole list in every reply (daemons before issue 12), or want none "
+        "(an open fleet)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
@@ -506,7 +537,7 @@ def main() -> None:
     print(
         f"# {args.coordinators} coordinator(s), store {args.store}, {args.duration:.0f} s per "
         f"size, joins over {args.join:.0f} s, timeout {args.timeout:.0f} s, "
-        f"{os.cpu_count()} cores"
+        f"members {args.members}, {os.cpu_count()} cores, load average {loadavg()}"
         + (f", first coordinator killed at {args.kill_at:.0f} s" if args.kill_at else "")
     )
     print(HEADER, flush=True)

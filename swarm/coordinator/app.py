@@ -28,9 +28,13 @@ replies 200 with::
   sends ``members_epoch`` with the epoch it holds (``null`` at first) and gets nothing
   when its list is current, ``members_delta`` (``"+ip"`` / ``"-ip"`` to apply in order)
   when it is behind, or ``members`` (the whole list) when the delta is not kept or
-  longer; after applying it holds ``members_epoch``. A node that sends no
-  ``members_epoch`` gets ``members`` in every reply, as before issue 12 (its cost grows
-  with the fleet).
+  longer; after applying it holds ``members_epoch``. An epoch from another coordinator
+  process (a restart, or another coordinator without a shared store) is never taken
+  for current: the node gets the whole list. A node that sends no ``members_epoch``
+  gets ``members`` in every reply, as before issue 12 (its cost grows with the fleet);
+  a node that filters no peers (no fleet secret) sends ``"want_members": false`` and
+  gets no membership at all. Learning every member once is inherent (N nodes x N
+  addresses over a scale-out); what the epoch removes is sending them again.
 - 400 ``{"ok": false, "error": ...}``: the report is malformed (the error names the
   field), including a geometry that disagrees with its size or with the artifact as
   the coordinator knows it; 503 (with ``Retry-After``): the coordinator is at a bound
@@ -423,12 +427,14 @@ async def _report(request: web.Request) -> web.Response:
         except Exception:
             # History is a record, not a dependency: a full disk must not refuse reports.
             log.exception("cannot record completion of %s by %s", completion.name, completion.node)
+    reply: dict[str, object] = {"ok": True, "interval": interval, "plans": plans}
+    if payload.get("want_members") is False:  # an open fleet's node filters no peers
+        return web.json_response(reply)
     legacy = "members_epoch" not in payload
     members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
-    head = json.dumps(
-        {"ok": True, "interval": interval, "plans": plans, "members_epoch": members.epoch}
-    )
-    # the member list is kept encoded: splice it in rather than encode it per reply
+    reply["members_epoch"] = members.epoch
+    head = json.dumps(reply)
+    # the member list is kept encoded: splice it in (last) rather than encode it per reply
     tail = ""
     if members.members is not None:
         tail = ', "members": ' + members.members

@@ -71,10 +71,6 @@ RANK_PERIOD: Final = 1.0
 """Seconds a swarm's peer ranking is reused. Ranking sorts the swarm; redoing that on
 every announce cost O(N log N) per announce, most of a core at 1,000 nodes (issue 12)."""
 
-RANK_WINDOW: Final = 4
-"""An announce ranks ``RANK_WINDOW x numwant`` candidates from the cached ranking with
-:func:`rank_peers` (its per-requester spread decides among them)."""
-
 MEMBERS_LOG: Final = 65_536
 """Membership changes kept for deltas; a node further behind gets the whole list."""
 
@@ -386,9 +382,9 @@ class PeerStore(ABC):
     @abstractmethod
     def announce(self, a: Announce, ip: str, now: float) -> list[Peer]:
         """Record an announce from ``ip`` (already normalised) and return the peers to
-        hand back: up to ``a.numwant`` others, ranked by :func:`rank_peers` among the
-        best candidates (see :func:`pick_candidates`). ``event=stopped`` forgets the
-        peer and returns none (BEP 3).
+        hand back: up to ``a.numwant`` others, ranked by :func:`rank_peers` (a large
+        swarm from a ranking at most ``RANK_PERIOD`` old, see :func:`pick_candidates`).
+        ``event=stopped`` forgets the peer and returns none (BEP 3).
 
         Raises:
             StoreFull: a new peer past ``MAX_PEERS``.
@@ -695,9 +691,11 @@ class MemoryPeerStore(PeerStore):
         self._spare: dict[tuple[str, int], float] = {}
         self._ip_refs: dict[str, int] = {}
         self._seq = 0
-        self._log: list[str] = []
-        """JSON texts of membership ops ("+ip" / "-ip"); ``_log[i]`` made epoch
-        ``_log_first + i``."""
+        self._log = bytearray()
+        """Membership ops ("+ip" / "-ip") as JSON strings, each followed by a comma; the op
+        at ``_log[_offsets[i]:]`` made epoch ``_log_first + i``. One buffer, appended in
+        place, so that a delta is one slice rather than a join of thousands of ops."""
+        self._offsets: list[int] = []
         self._log_first = 1
         self._full: tuple[int, str, float] | None = None
         """(seq, JSON text of the sorted list, built at)."""
@@ -755,23 +753,25 @@ class MemoryPeerStore(PeerStore):
             swarm.peers.move_to_end(a.peer_id)
         swarm.peers[a.peer_id] = record
         swarm.seeders += record.seeder
-        ranked = rank_peers(
-            self._candidates(swarm, a, now), a.peer_id, a.numwant, (ip, a.port), self._spare
-        )
-        return [peer.peer for peer in ranked]
+        return [peer.peer for peer in self._ranked(swarm, a, ip, now)]
 
-    def _candidates(self, swarm: _Swarm, a: Announce, now: float) -> list[PeerRecord]:
-        want = RANK_WINDOW * a.numwant + 2  # room for the requester itself
+    def _ranked(self, swarm: _Swarm, a: Announce, ip: str, now: float) -> list[PeerRecord]:
+        """Up to ``a.numwant`` peers for ``a``'s sender. A swarm that fits in one reply is
+        ranked exactly (:func:`rank_peers`); a larger one is served from its ranking,
+        rebuilt every ``RANK_PERIOD`` s or when the swarm doubled since
+        (:func:`pick_candidates`), so an announce costs O(numwant) however large the
+        swarm (amortised: a rebuild sorts the swarm)."""
         if a.numwant <= 0:
             return []
-        if len(swarm.peers) <= want:
-            return list(swarm.peers.values())
-        if swarm.ranked_at is None or not 0 <= now - swarm.ranked_at < RANK_PERIOD:
+        if len(swarm.peers) <= a.numwant + 2:  # the requester, by id and by address
+            return rank_peers(swarm.peers.values(), a.peer_id, a.numwant, (ip, a.port), self._spare)
+        if (
+            swarm.ranked_at is None
+            or not 0 <= now - swarm.ranked_at < RANK_PERIOD
+            or len(swarm.peers) > 2 * len(swarm.ranked)  # a scale-out doubled it
+        ):
             spare = self._spare
-            ranked = sorted(
-                swarm.peers.values(),
-                key=lambda p: (*class_key(p, spare), _spread(b"", p.peer_id)),
-            )
+            ranked = sorted(swarm.peers.values(), key=lambda p: (*class_key(p, spare), p.peer_id))
             runs: list[tuple[int, int]] = []
             start = 0
             for index in range(1, len(ranked) + 1):
@@ -782,9 +782,24 @@ class MemoryPeerStore(PeerStore):
                     start = index
             swarm.ranked, swarm.runs, swarm.ranked_at = ranked, runs, now
         live = swarm.peers
-        picked = pick_candidates(swarm.ranked, swarm.runs, a.peer_id, want)
+        out = []
         # the ranking may be a second old: take each peer's current record, if it has one
-        return [live[p.peer_id] for p in picked if p.peer_id in live]
+        for peer in pick_candidates(swarm.ranked, swarm.runs, a.peer_id, a.numwant + 2):
+            record = live.get(peer.peer_id)
+            if (
+                record is None
+                or record.peer_id == a.peer_id
+                or (record.ip, record.port)
+                == (
+                    ip,
+                    a.port,
+                )
+            ):
+                continue
+            out.append(record)
+            if len(out) == a.numwant:
+                break
+        return out
 
     def counts(self, info_hash: bytes, now: float) -> tuple[int, int]:
         swarm = self._swarms.get(info_hash)
@@ -884,9 +899,12 @@ class MemoryPeerStore(PeerStore):
 
     def _log_op(self, op: str) -> None:
         self._seq += 1
-        self._log.append(json.dumps(op))
-        if len(self._log) > 2 * MEMBERS_LOG:
-            del self._log[:MEMBERS_LOG]
+        self._offsets.append(len(self._log))
+        self._log += json.dumps(op).encode() + b","
+        if len(self._offsets) > 2 * MEMBERS_LOG:
+            cut = self._offsets[MEMBERS_LOG]
+            del self._log[:cut]
+            self._offsets = [offset - cut for offset in self._offsets[MEMBERS_LOG:]]
             self._log_first += MEMBERS_LOG
 
     def members(self, epoch: str | None, now: float, legacy: bool = False) -> Members:
@@ -902,8 +920,8 @@ class MemoryPeerStore(PeerStore):
                 and seq + 1 >= self._log_first
                 and 0 < behind <= max(MEMBERS_DELTA_MIN, len(self._ip_refs))
             ):
-                ops = self._log[seq + 1 - self._log_first :]
-                return Members(current, delta="[" + ",".join(ops) + "]")
+                ops = self._log[self._offsets[seq + 1 - self._log_first] : -1]
+                return Members(current, delta="[" + ops.decode() + "]")
         full = self._full
         if full is None or (full[0] != self._seq and now - full[2] >= MEMBERS_FULL_PERIOD):
             full = self._full = (self._seq, json.dumps(sorted(self._ip_refs)), now)

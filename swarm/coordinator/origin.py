@@ -34,6 +34,7 @@ coordinator is down.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from abc import ABC, abstractmethod
 from array import array
@@ -342,7 +343,7 @@ class MemoryPlanState(PlanState):
             self.used += art.cost
         elif node not in art.held and self.used + art.entry_cost > self.budget:
             return None
-        sample = tuple(list(art.reader_s3.items())[:ESTIMATE_SAMPLE])
+        sample = tuple(itertools.islice(art.reader_s3.items(), ESTIMATE_SAMPLE))
         if node in art.reader_s3:
             sample = ((node, art.reader_s3[node]), *sample)
         return ArtifactView(

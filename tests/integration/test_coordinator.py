@@ -4,6 +4,7 @@ loop in a background thread."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import sqlite3
@@ -20,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from swarm.coordinator.app import make_app, parse_listen
+from swarm.coordinator.fleet import MemoryPeerStore
 from swarm.coordinator.tracker import decode_compact_peers
 from swarm.errors import UsageError
 from tests.servers import wait_until
@@ -321,3 +323,88 @@ def test_parse_listen() -> None:
     for bad in ("7070", "host:", ":7070", "host:99999", "host:http"):
         with pytest.raises(UsageError, match="--listen must be HOST:PORT"):
             parse_listen(bad)
+
+
+# -- scale and bounds (issues 12 and 15) ---------------------------------------------------------
+
+
+def test_membership_is_an_epoch_and_deltas(server: Server) -> None:
+    """A node that keeps the member list gets it once, then only its changes."""
+    first = report("node-a", "10.1.0.1:7001")
+    status, body = server.post_json("/v1/report", {**first, "members_epoch": None})
+    assert status == 200 and body["members"] == ["10.1.0.1"]
+    epoch = body["members_epoch"]
+    # nothing changed: no list at all
+    body = server.post_json("/v1/report", {**first, "members_epoch": epoch})[1]
+    assert body["members_epoch"] == epoch and "members" not in body
+    assert "members_delta" not in body
+    # two nodes join, one on an address already a member: one change
+    server.post_json("/v1/report", report("node-b", "10.1.0.2:7001"))
+    server.post_json("/v1/report", report("node-c", "10.1.0.1:7002"))
+    body = server.post_json("/v1/report", {**first, "members_epoch": epoch})[1]
+    assert body["members_delta"] == ["+10.1.0.2"] and "members" not in body
+    epoch = body["members_epoch"]
+    # node-b falls silent past its TTL and is swept: its address leaves
+    server.clock.now += 12
+    for node, addr in (("node-a", "10.1.0.1:7001"), ("node-c", "10.1.0.1:7002")):
+        server.post_json("/v1/report", {**report(node, addr), "members_epoch": epoch})
+
+    def b_left() -> bool:
+        body = server.post_json("/v1/report", {**first, "members_epoch": epoch})[1]
+        return body.get("members_delta") == ["-10.1.0.2"]
+
+    wait_until(b_left, timeout=10, what="the sweep to drop node-b's address")
+    # an epoch this coordinator never issued (another process's): the whole list
+    body = server.post_json("/v1/report", {**first, "members_epoch": "elsewhere.3"})[1]
+    assert body["members"] == ["10.1.0.1"]
+    # a node of an open fleet wants none
+    body = server.post_json("/v1/report", {**first, "want_members": False})[1]
+    assert not {"members", "members_delta", "members_epoch"} & set(body)
+
+
+def test_report_interval_grows_with_the_fleet(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = make_app(clock=clock, report_budget=2.0, db_path=tmp_path / "h.db")
+    with serve(app) as url:
+        server = Server(url, clock)
+        intervals = [
+            server.post_json("/v1/report", report(f"n{i}", f"10.2.0.{i + 1}:7001"))[1]["interval"]
+            for i in range(6)
+        ]
+        # budget 2 reports/s: 1 s up to 2 nodes, then nodes / 2 rounded up to 0.5 s
+        assert intervals == [1.0, 1.0, 1.0, 1.5, 2.0, 2.5]
+        assert server.fleet()["report_interval"] == 3.0
+        # a node told 3 s lives 3 x 3 s = 9 s < REPORT_TTL (10 s): still there at 9.5 s
+        clock.now += 9.5
+        assert len(server.fleet()["nodes"]) == 6
+
+
+def test_geometry_that_disagrees_with_the_known_artifact_is_refused(server: Server) -> None:
+    bitfield = base64.b64encode(b"\x00").decode()
+    geometry = {"size": 4 << 20, "piece_size": 1 << 20, "piece_count": 4, "pieces": bitfield}
+    status, body = server.post_json("/v1/report", report("a", "10.3.0.1:1", **geometry))
+    assert status == 200 and body["plans"][INFO_HASH.hex()]["stripe"] == [0, 1, 2, 3]
+    # the same info-hash claimed with 16 KiB pieces: refused, the first one stands
+    other = {"size": 4 << 20, "piece_size": 1 << 14, "piece_count": 256, "pieces": "A" * 43 + "="}
+    status, body = server.post_json("/v1/report", report("b", "10.3.0.2:1", **other))
+    assert status == 400 and "has 4 pieces of 1048576 bytes here" in str(body["error"])
+    status, body = server.post_json("/v1/report", report("c", "10.3.0.3:1", **geometry))
+    assert status == 200 and body["plans"][INFO_HASH.hex()]["stripe"] == []  # all a's
+
+
+def test_a_full_coordinator_refuses_with_503_and_keeps_serving(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = make_app(MemoryPeerStore(max_nodes=2, max_peers=1), clock=clock)
+    with serve(app) as url:
+        server = Server(url, clock)
+        assert server.post_json("/v1/report", report("a", "10.4.0.1:1"))[0] == 200
+        assert server.post_json("/v1/report", report("b", "10.4.0.2:1"))[0] == 200
+        status, body = server.post_json("/v1/report", report("c", "10.4.0.3:1"))
+        assert status == 503 and "coordinator is full" in str(body["error"])
+        assert server.post_json("/v1/report", report("a", "10.4.0.1:1"))[0] == 200  # known
+        assert server.announce(peer_id=pid(1), port=7001)[b"peers"] == b""
+        refused = server.announce(peer_id=pid(2), port=7002)
+        assert b"coordinator is full" in refused[b"failure reason"]  # type: ignore[operator]
+        text = server.get("/metrics")[2].decode()
+        assert metric(text, 'swarm_refused_total{kind="report"}') == 1
+        assert metric(text, 'swarm_refused_total{kind="announce"}') == 1

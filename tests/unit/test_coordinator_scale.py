@@ -1,0 +1,276 @@
+"""The coordinator's incremental state (issue 12) against brute force, and its bounds
+(issue 15): planner availability counts and stripes, announce ranking of large swarms,
+membership epochs, node TTLs and caps. No sockets; clocks are floats."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.coordinator.app import report_interval
+from swarm.coordinator.fleet import (
+    RANK_PERIOD,
+    MemoryPeerStore,
+    StoreFull,
+    parse_report,
+    rank_peers,
+)
+from swarm.coordinator.origin import (
+    MAX_STRIPE_PIECES,
+    GeometryError,
+    MemoryPlanState,
+    StripePlanner,
+)
+from swarm.coordinator.tracker import Announce
+
+MiB = 1 << 20
+HASH = "ab" * 20
+
+
+def plan(planner: StripePlanner, node: str, held: int, now: float, count: int = 64, **kw):
+    return planner.plan(
+        node,
+        HASH,
+        piece_size=MiB,
+        count=count,
+        held=held,
+        complete=kw.get("complete", False),
+        counters={"s3": kw.get("s3", 0), "peers": 0},
+        up_rate=0.0,
+        now=now,
+        interval=kw.get("interval", 1.0),
+    )
+
+
+# -- planner: incremental state equals brute force ------------------------------------------
+
+steps = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=5),  # node
+        st.integers(min_value=0, max_value=2**40 - 1),  # bits it holds now
+        st.booleans(),  # departs instead
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(steps=steps)
+def test_availability_and_stripes_match_brute_force(steps) -> None:
+    count = 40
+    state = MemoryPlanState()
+    planner = StripePlanner(stripe_bytes=4 * MiB, max_readers=3, state=state)
+    held: dict[str, int] = {}
+    stripes: dict[str, list[int]] = {}
+    now = 0.0
+    for index, value, departs in steps:
+        node = f"n{index}"
+        now += 0.5
+        if departs:
+            planner.forget([node])
+            held.pop(node, None)
+            stripes.pop(node, None)
+            continue
+        held[node] = value
+        complete = value == (1 << count) - 1
+        stripes[node] = plan(planner, node, value, now, count=count, complete=complete).stripe
+        union = 0
+        for bits in held.values():
+            union |= bits
+        expected = [sum(v >> p & 1 for v in held.values()) for p in range(count)]
+        assert state.availability(HASH) == (expected if held else [])
+        # a stripe holds nobody's pieces, at most 4 (4 MiB of 1 MiB pieces)
+        assert all(not union >> p & 1 for p in stripes[node])
+        assert len(stripes[node]) <= 4
+    # stripes handed out are disjoint among the nodes still holding them
+    union = 0
+    for bits in held.values():
+        union |= bits
+    if held:
+        art = state._artifacts[HASH]
+        owned = [p for stripe in art.stripes.values() for p in stripe]
+        assert len(owned) == len(set(owned))
+        assert art.union == union and art.assigned == sum(1 << p for p in owned)
+        assert len(art.stripes) <= 3
+
+
+def test_geometry_is_fixed_by_the_first_report_and_forgotten_with_the_last_node() -> None:
+    planner = StripePlanner()
+    plan(planner, "a", 0, 0.0, count=64)
+    planner.check(HASH, MiB, 64)
+    with pytest.raises(GeometryError, match="has 64 pieces of 1048576 bytes here"):
+        planner.check(HASH, MiB, 65)
+    planner.forget(["a"])
+    planner.check(HASH, MiB, 65)  # nobody holds it any more: a new geometry may start
+
+
+def test_planner_state_is_bounded() -> None:
+    # room for one artifact of 64 pieces and two nodes' bitfields, not a third
+    state = MemoryPlanState(max_artifacts=1, budget=64 * 4 + 2 * (8 + 64))
+    planner = StripePlanner(state=state)
+    assert plan(planner, "a", 0, 0.0).stripe and plan(planner, "b", 0, 0.0).stripe
+    assert plan(planner, "c", 0, 0.0).stripe == []  # no plan: c decides alone
+    other = planner.plan(
+        "a", "cd" * 20, piece_size=MiB, count=8, held=0, complete=False,
+        counters={}, up_rate=0.0, now=0.0,
+    )  # fmt: skip
+    assert other.stripe == [] and state.availability("cd" * 20) == []
+    planner.forget(["a", "b"])
+    assert state.used == 0 and plan(planner, "c", 0, 1.0).stripe
+
+
+def test_a_stripe_is_capped_and_stalls_scale_with_the_interval() -> None:
+    planner = StripePlanner(stall_seconds=6.0)
+    plan(planner, "a", 0, 0.0, count=4096)
+    fast = plan(planner, "a", 0, 1.0, count=4096, s3=10_000 * MiB)  # 10 GB/s
+    assert len(fast.stripe) == MAX_STRIPE_PIECES
+    # at a 5 s report interval, 8 s without news is not a stall (2 x 5 s is)
+    b = plan(planner, "b", 0, 8.0, count=4096, interval=5.0)
+    assert set(b.stripe).isdisjoint(fast.stripe)
+    c = plan(planner, "c", 0, 12.0, count=4096, interval=5.0)
+    assert set(c.stripe) & set(fast.stripe)  # 11 s > 10 s: a's stripe was released
+
+
+# -- tracker: a large swarm ----------------------------------------------------------------
+
+
+def announce(n: int, left: int = 0, numwant: int = 50) -> Announce:
+    return Announce(
+        info_hash=b"\x01" * 20,
+        peer_id=b"-TEST00-" + n.to_bytes(12, "big"),
+        port=6881,
+        uploaded=0,
+        downloaded=0,
+        left=left,
+        numwant=numwant,
+    )
+
+
+def test_a_large_swarm_is_served_from_its_ranking() -> None:
+    store = MemoryPeerStore()
+    for n in range(2000):
+        store.announce(announce(n, left=0 if n < 1000 else n), f"10.9.{n >> 8}.{n & 255}", 0.0)
+    picks = []
+    for requester in range(5000, 5040):
+        ip = f"10.8.0.{requester - 4999}"
+        got = store.announce(announce(requester, left=10**9), ip, 0.5)
+        assert len(got) == 50 and len({p.peer_id for p in got}) == 50
+        assert all(int.from_bytes(p.peer_id[8:], "big") < 1000 for p in got)  # seeders
+        picks.append(got[0].peer_id)
+    # each requester its own slice of the 1,000 equal seeders, not all the same five
+    assert len(set(picks)) > 30
+    # the same requester again (within the ranking's period): the same slice
+    again = store.announce(announce(5000, left=10**9), "10.8.0.1", 0.6)
+    first = store.announce(announce(5000, left=10**9), "10.8.0.1", 0.7)
+    assert again == first
+
+
+def test_a_large_swarm_ranks_by_spare_upload_then_left() -> None:
+    store = MemoryPeerStore()
+    for n in range(300):
+        store.announce(announce(n, left=1000 + n), f"10.7.{n >> 8}.{n & 255}", 0.0)
+    store.set_spare("10.7.0.200:6881", 50 * MiB)  # an idle uploader
+    got = store.announce(announce(999, left=10**9, numwant=5), "10.6.0.1", RANK_PERIOD + 1)
+    expected = rank_peers(
+        store.peers(b"\x01" * 20, RANK_PERIOD + 1),
+        announce(999).peer_id,
+        5,
+        ("10.6.0.1", 6881),
+        {("10.7.0.200", 6881): 50 * MiB},
+    )
+    assert got == [p.peer for p in expected]
+    assert got[0].ip == "10.7.0.200" and [p.port for p in got] == [6881] * 5
+
+
+def test_peer_and_node_caps() -> None:
+    store = MemoryPeerStore(max_peers=2, max_nodes=1, node_budget=10_000)
+    store.announce(announce(1), "10.0.0.1", 0.0)
+    store.announce(announce(2), "10.0.0.2", 0.0)
+    store.announce(announce(1), "10.0.0.1", 1.0)  # a known peer re-announces
+    with pytest.raises(StoreFull, match="holds 2 peers"):
+        store.announce(announce(3), "10.0.0.3", 1.0)
+    store.report(parse_report(report_body("a")), 0.0)
+    with pytest.raises(StoreFull, match="1 nodes"):
+        store.report(parse_report(report_body("b")), 0.0)
+    with pytest.raises(StoreFull, match="budget"):  # a's report grows past the budget
+        store.report(parse_report(report_body("a", artifacts=40)), 0.0)
+    assert store.expire(100.0) == (2, 1)  # all stale: room again
+    store.report(parse_report(report_body("b")), 100.0)
+
+
+def report_body(node: str, artifacts: int = 1) -> dict[str, object]:
+    return {
+        "node": node,
+        "addr": "10.0.0.1:6881",
+        "artifacts": [
+            {
+                "info_hash": f"{k:040x}",
+                "name": "x",
+                "size": MiB,
+                "have_bytes": 0,
+                "complete": False,
+                "bytes_by_source": {"s3": 0},
+                "down_rate": 0,
+                "up_rate": 0,
+                "piece_size": MiB,
+                "piece_count": 1,
+                "pieces": base64.b64encode(b"\x00").decode(),
+            }
+            for k in range(artifacts)
+        ],
+    }
+
+
+def test_stored_reports_drop_bitfields_and_follow_their_ttl() -> None:
+    store = MemoryPeerStore(report_ttl=10)
+    store.report(parse_report(report_body("a")), 0.0, ttl=30.0)
+    (state,) = store.nodes(29.0)
+    assert state.report.artifacts[0].pieces is None  # the planner keeps those
+    assert store.nodes(30.5) == [] and store.expire(31.0) == (0, 1)
+    assert store.departed() == ["a"] and store.departed() == []
+
+
+# -- membership ----------------------------------------------------------------------------
+
+
+def test_membership_log_replays_to_the_current_list() -> None:
+    store = MemoryPeerStore(generation="g")
+    held: set[str] = set()
+    epoch = None
+    members = store.members(None, 0.0)
+    assert members.members == "[]" and members.epoch == "g.0"
+    for step in range(200):
+        node = f"n{step % 37}"
+        body = report_body(node)
+        body["addr"] = f"10.5.{step % 11}.1:{6000 + step % 37}"
+        store.report(parse_report(body), float(step), ttl=20.0)
+        store.expire(float(step))
+        if step % 7 == 0:  # a node that reports now and then, applying what it is told
+            reply = store.members(epoch, float(step))
+            if reply.members is not None:
+                held = set(json.loads(reply.members))
+            for op in json.loads(reply.delta or "[]"):
+                (held.add if op[0] == "+" else held.discard)(op[1:])
+            epoch = reply.epoch
+            # the whole list may be a second old; the next reply brings the rest
+            reply = store.members(epoch, float(step))
+            for op in json.loads(reply.delta or "[]"):
+                (held.add if op[0] == "+" else held.discard)(op[1:])
+            epoch = reply.epoch
+            live = {s.report.addr.rpartition(":")[0] for s in store.nodes(float(step))}
+            assert held == live and reply.members is None
+    # another generation's epoch is never current
+    assert store.members("other.3", 300.0).members is not None
+
+
+def test_report_interval_follows_the_budget() -> None:
+    assert report_interval(0, 2000) == 1.0
+    assert report_interval(2000, 2000) == 1.0
+    assert report_interval(5000, 2000) == 2.5
+    assert report_interval(5000, 2000, coordinators=2) == 1.5
+    assert report_interval(10**6, 2000) == 15.0
