@@ -17,11 +17,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 
 from swarm.manifest import Manifest
 from swarm.policy import MixState, Mode, decide, ema, rate
-from swarm.sources.peers import TorrentSession
+from swarm.sources.peers import ADD_PIECE_TIMEOUT, TorrentSession
+
+MAX_PENDING_BYTES = 32 << 20
+"""Bytes of S3 pieces handed to libtorrent and not yet hashed, per artifact: enough to
+keep its hashing and writing busy while the readers go on, small enough for the
+daemon's memory bound (a 2 GiB artifact under 250 MiB RSS)."""
 
 
 class TorrentSink:
@@ -34,6 +40,10 @@ class TorrentSink:
         self.state = session.torrents[self.info_hash]
         self.handle = self.state.handle
         self._lock = threading.Lock()
+        self._pending: dict[int, Future[bool]] = {}
+        self._room = threading.BoundedSemaphore(
+            max(1, MAX_PENDING_BYTES // max(1, manifest.piece_size))
+        )
         self.bytes_by_source: dict[str, int] = {}
         self.hash_failures = 0
 
@@ -52,18 +62,48 @@ class TorrentSink:
 
     def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
         """Hand the piece to libtorrent, which checks its SHA-1 before keeping it (one hash
-        per byte: checking here too would double the hashing of every S3 byte)."""
+        per byte: checking here too would double the hashing of every S3 byte).
+
+        Returns at once (True) while libtorrent hashes and writes, up to
+        :data:`MAX_PENDING_BYTES` per sink; :meth:`settle` waits for the verdicts."""
         if self.have(index):
             return True  # a duplicate (another source was faster): accepted, not counted
-        if len(data) != self.manifest.layout.length(index) or not self.session.add_piece(
-            self.info_hash, index, bytes(data)
-        ):
+        length = len(data)
+        if length != self.manifest.layout.length(index):
             with self._lock:
                 self.hash_failures += 1
             return False
+        self._room.acquire()  # bounds the bytes queued in libtorrent (the daemon's RSS)
+        future = self.session.add_piece_async(self.info_hash, index, bytes(data))
+
+        def verdict(done: Future[bool]) -> None:
+            self._room.release()
+            kept = not done.cancelled() and done.exception() is None and done.result()
+            with self._lock:
+                if kept:
+                    self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + length
+                else:
+                    self.hash_failures += 1
+
+        future.add_done_callback(verdict)
         with self._lock:
-            self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + len(data)
+            self._pending[index] = future
         return True
+
+    def settle(self, pieces: Iterable[int], timeout: float = ADD_PIECE_TIMEOUT) -> int:
+        """Wait for libtorrent's verdict on ``pieces`` offered earlier; count the failures."""
+        bad = 0
+        for index in pieces:
+            with self._lock:
+                future = self._pending.pop(index, None)
+            if future is None:
+                continue
+            try:
+                if not future.result(timeout):
+                    bad += 1
+            except TimeoutError:
+                bad += 1
+        return bad
 
 
 def stripe_offset(node_id: str, count: int) -> int:

@@ -228,23 +228,30 @@ class TorrentSession:
         return state
 
     def add_piece(self, info_hash: str, index: int, data: bytes) -> bool:
-        """Hand a verified piece to libtorrent; True once it is hashed and on its way to disk.
+        """Hand a piece to libtorrent; True once it is hashed and on its way to disk."""
+        return self.add_piece_async(info_hash, index, data).result(ADD_PIECE_TIMEOUT)
 
-        libtorrent hashes it again and answers with ``piece_finished_alert`` (kept, and
-        offered to peers at once) or ``hash_failed_alert``.
+    def add_piece_async(self, info_hash: str, index: int, data: bytes) -> Future[bool]:
+        """Hand a piece to libtorrent; the future says whether it passed its hash.
+
+        libtorrent hashes it (its own SHA-1 check: the only one for bytes from S3) and
+        answers with ``piece_finished_alert`` (kept, and offered to peers at once) or
+        ``hash_failed_alert``. Not waiting here lets a reader go on with the next piece
+        while libtorrent's disk threads hash and write this one.
         """
         state = self.torrents[info_hash]
-        future: Future[bool] = Future()
         with self._lock:
             if state.has(index):
-                return True
+                done: Future[bool] = Future()
+                done.set_result(True)
+                return done
+            future = state.pending.get(index)
+            if future is not None and not future.done():
+                return future  # already on its way (another source was as fast)
+            future = Future()
             state.pending[index] = future
         state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
-        try:
-            return future.result(ADD_PIECE_TIMEOUT)
-        finally:
-            with self._lock:
-                state.pending.pop(index, None)
+        return future
 
     def flush(self, info_hash: str, timeout: float = 30.0) -> bool:
         """Wait until every piece libtorrent holds now is written to the file (readable by
@@ -362,7 +369,7 @@ class TorrentSession:
                 if isinstance(alert, lt.piece_finished_alert):
                     state.held.add(alert.piece_index)
                 with self._lock:
-                    future = state.pending.get(alert.piece_index)
+                    future = state.pending.pop(alert.piece_index, None)
                 if future and not future.done():
                     future.set_result(isinstance(alert, lt.piece_finished_alert))
             if isinstance(alert, lt.hash_failed_alert):

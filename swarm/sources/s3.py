@@ -248,4 +248,7 @@ class S3Source:
                     log.warning("s3 piece %d of %s failed its SHA-1; will refetch", index, self.url)
         finally:
             body.close()
+        settle = getattr(self.sink, "settle", None)
+        if settle is not None:  # a sink that checks pieces after offer returned
+            bad += settle(byte_range.pieces)
         return bad
