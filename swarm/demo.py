@@ -353,11 +353,13 @@ def _run(
     summary.add_row(
         "every node reading S3", f"{alone.seconds:.1f}s", f"{alone.s3_bytes / size:.2f}x", "-"
     )
+    console.print()
     console.print(summary)
+    speed = alone.seconds / with_swarm.seconds
     console.print(
-        f"swarm: {alone.seconds / with_swarm.seconds:.1f}x faster, "
-        f"S3 sent {with_swarm.s3_bytes / size:.2f}x the artifact instead of "
-        f"{alone.s3_bytes / size:.2f}x (S3 bytes measured at the S3 server)."
+        (f"swarm: {speed:.1f}x faster" if speed >= 1 else f"swarm took {1 / speed:.1f}x the time")
+        + f", and S3 sent {with_swarm.s3_bytes / size:.2f}x the artifact instead of "
+        f"{alone.s3_bytes / size:.2f}x (bytes counted at the S3 server)."
     )
     console.print("Daemons, coordinator and S3 server are stopped now; nothing is left running.")
     return 0
