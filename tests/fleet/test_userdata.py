@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from swarm.bootstrap.userdata import render_origin
 from tests.conftest import CREDENTIALS
 from tests.fleet.conftest import REPO
 from tests.fleet.conftest import STACK_SIZE as SIZE
@@ -306,3 +307,36 @@ def test_userdata_deadline_exits_7_and_logs_why(lab: Lab, stack, wheelhouse, tmp
     assert done.returncode == 7, log
     assert f"installing swarm-artifacts 0.1.0 into {PREFIX}" in log
     assert "deadline of 3s passed" in log
+
+
+def test_origin_seeder_user_data_installs_and_seeds_the_catalog(
+    lab: Lab, stack, wheelhouse, tmp_path: Path
+):
+    """seeders/origin-user-data.sh's kind of script (rendered for this stack): install,
+    then `swarm-seeder origin` pulls the catalog from S3 and seeds it to new nodes."""
+    origin, env, _ = stack
+    house, python = wheelhouse
+    script = render_origin(
+        "s3://fleet/catalog/",
+        coordinator=f"http://{origin.ip}:7070",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        wheelhouse=str(house),
+    )
+    _, root, done, _ = run_instance(lab, "seeder", script, python, tmp_path)
+    log = (root / "bootstrap.log").read_text()
+    assert done.returncode == 0, log + done.stderr[-3000:]
+    assert "origin seeder started: seeding the catalog s3://fleet/catalog/" in log
+    peer_env = {
+        **env,
+        "SWARM_HOME": str(tmp_path / "peer-home"),
+        "SWARM_COORDINATOR": f"http://{origin.ip}:7070",
+        "SWARM_CATALOG": "s3://fleet/catalog/",
+    }
+    peer = lab.host("new", 200, 200)
+    fetched = peer.run(
+        [BIN / "swarm", "fetch", "index.db", tmp_path / "new.db", "--listen", peer.ip,
+         "--source", "peers", "--json"],
+        env=peer_env,
+        timeout=90,
+    )  # fmt: skip
+    assert json.loads(fetched.stdout.splitlines()[-1])["bytes_by_source"]["peers"] >= SIZE
