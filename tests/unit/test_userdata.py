@@ -133,8 +133,11 @@ def run_install(tmp_path: Path, tools: dict[str, str], body: str) -> subprocess.
 
 
 OLD_PYTHON = "exit 1  # a python3 that is 3.9 (or lacks venv): unusable\n"
-LINKS = (
-    'for p in "$@"; do case $p in python3*-*) ;; python3*) /bin/ln -s "$REAL" "$BIN/$p" ;; esac; done\n'
+LINKS = (  # a package manager's install: python3.X packages put a python3.X on PATH
+    'for p in "$@"; do case $p in\n'
+    "  python3*-*) ;;\n"
+    '  python3*) /bin/ln -s "$REAL" "$BIN/$p" ;;\n'
+    "esac; done\n"
 )
 
 
