@@ -28,6 +28,18 @@ def entry_url(catalog: str, name: str) -> S3Url:
     return S3Url.parse(catalog).child(check_name(name) + ENTRY_SUFFIX)
 
 
+def check_writable(client: Any, catalog: str | None) -> None:
+    """Fail before an upload if the catalog's bucket does not exist or cannot be reached
+    (a publish found out only after uploading gigabytes)."""
+    if not catalog:
+        return
+    prefix = S3Url.parse(catalog)
+    try:
+        client.head_bucket(Bucket=prefix.bucket)
+    except S3_ERRORS as error:
+        raise_for(error, prefix, "write")
+
+
 def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
     """Write (or replace) the catalog entry for ``manifest.name``."""
     url = entry_url(catalog, manifest.name)
@@ -53,7 +65,12 @@ def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
 def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
     """``s3://BUCKET/KEY`` as is; a bare NAME through the catalog."""
     if source.startswith("s3://"):
-        return S3Url.parse(source)
+        url = S3Url.parse(source)
+        if not url.key or url.key.endswith("/"):
+            raise UsageError(
+                f"swarm: {source} names no object: use s3://BUCKET/KEY (the published file)"
+            )
+        return url
     if not catalog:
         raise UsageError(
             f"swarm: {source!r} is a name, but no catalog is configured: set SWARM_CATALOG "

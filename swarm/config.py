@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from swarm.errors import UsageError
 
@@ -62,3 +64,41 @@ def load(**flags: object) -> Settings:
     if "home" in values:
         values["home"] = Path(str(values["home"]))
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def coordinator_urls(value: str | None) -> list[str]:
+    """The coordinator setting as a list of URLs (``A,B``: several coordinators sharing
+    one fleet's state; a node fails over between them), each checked.
+
+    Raises:
+        UsageError: a URL that is not http(s)://HOST[:PORT].
+    """
+    if not value:
+        return []
+    urls = [part.strip().rstrip("/") for part in value.split(",") if part.strip()]
+    for url in urls:
+        parsed = urlsplit(url)
+        try:
+            port_ok = parsed.port is None or 0 < parsed.port < 65536
+        except ValueError:
+            port_ok = False
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+            raise UsageError(
+                f"swarm: bad coordinator URL {url!r}: use http://HOST:PORT (comma-separated "
+                "for several), e.g. http://10.0.0.5:7070"
+            )
+    return urls
+
+
+def check_listen_ip(value: str | None, flag: str = "--listen") -> str | None:
+    """An IP address to bind to (a hostname or HOST:PORT here is a mistake)."""
+    if value is None:
+        return None
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise UsageError(
+            f"swarm: {flag} {value!r} is not an IP address: give this node's address, "
+            "e.g. 10.0.0.12 (or 0.0.0.0 for all)"
+        ) from None
+    return value

@@ -78,7 +78,7 @@ def make_api(daemon: Daemon) -> web.Application:
 
     @routes.get("/v1/artifacts/{info_hash}")
     async def artifact(request: web.Request) -> web.Response:
-        found = daemon.artifacts.get(request.match_info["info_hash"])
+        found = daemon.lookup(request.match_info["info_hash"])
         if not found:
             return error_response(NotFoundError("swarm: this daemon holds no such artifact"))
         return web.json_response(daemon.describe(found).to_json())

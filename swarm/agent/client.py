@@ -19,7 +19,14 @@ from typing import Any
 
 from swarm.agent.destlock import DestLock
 from swarm.agent.finisher import copy_verified
-from swarm.errors import DeadlineError, IntegrityError, NoSpaceError, SwarmError
+from swarm.errors import (
+    DeadlineError,
+    DestBusyError,
+    IntegrityError,
+    NoSpaceError,
+    NotFoundError,
+    SwarmError,
+)
 from swarm.messages import FetchRequest
 
 DAEMON_START_TIMEOUT = 30.0
@@ -105,9 +112,9 @@ class DaemonClient:
         if not isinstance(data, dict) and response.status != 200:
             data = {"error": f"swarm: the daemon answered HTTP {response.status}: {raw[:200]!r}"}
         if response.status != 200:
-            error = SwarmError(data.get("error", f"daemon answered {response.status}"))
-            error.exit_code = int(data.get("exit_code", 1))
-            raise error
+            refused = SwarmError(data.get("error", f"daemon answered {response.status}"))
+            refused.exit_code = int(data.get("exit_code", 1))
+            raise refused
         return data
 
     def alive(self) -> bool:
@@ -154,7 +161,11 @@ def ensure_daemon(
         if process.poll() is not None and not client.alive():
             tail = (home / "daemon.log").read_text(errors="replace")[-2000:]
             if "already runs" not in tail:
-                raise SwarmError(f"swarm: the daemon exited at start; its log says:\n{tail}")
+                error = SwarmError(f"swarm: the daemon exited at start; its log says:\n{tail}")
+                error.exit_code = process.returncode if 0 < process.returncode < 9 else 1
+                if "ENOSPC" in tail or "No space left" in tail:
+                    error.exit_code = NoSpaceError.exit_code
+                raise error
         if time.monotonic() > deadline:
             raise SwarmError(
                 f"swarm: the daemon did not answer within {DAEMON_START_TIMEOUT:.0f}s; "
@@ -178,6 +189,20 @@ def failed_error(status: dict[str, Any]) -> SwarmError:
     error = SwarmError(str(status["failed"]))
     error.exit_code = int(status.get("exit_code") or 1)
     return error
+
+
+def follow(client: DaemonClient, path: str, dest: Path, timeout: float) -> dict[str, Any]:
+    """The artifact's status; an artifact the daemon dropped meanwhile (its file deleted
+    or replaced) ends the fetch: what is at DEST now is not what it verified."""
+    try:
+        return client.call("GET", path, timeout=timeout)  # type: ignore[no-any-return]
+    except SwarmError as error:
+        if error.exit_code != NotFoundError.exit_code:
+            raise
+        raise DestBusyError(
+            f"swarm: {dest} was deleted or replaced (by another swarm fetch?) before this "
+            "fetch returned; rerun it"
+        ) from None
 
 
 def fetch_via_daemon(
@@ -208,20 +233,28 @@ def fetch_via_daemon(
 
     try:
         status = client.call("POST", "/v1/fetch", request.to_json(), timeout=remaining())
+        path = f"/v1/artifacts/{status['info_hash']}"
+        while not status["complete"]:
+            on_status(status)
+            if status.get("failed"):
+                raise failed_error(status)
+            if status.get("error"):
+                raise daemon_error(status)
+            time.sleep(min(STATUS_INTERVAL, remaining()))  # polling our own daemon's API
+            status = follow(client, path, dest, timeout=min(30.0, remaining()))
     except TimeoutError:
-        remaining()
-        raise
-    path = f"/v1/artifacts/{status['info_hash']}"
-    while not status["complete"]:
-        on_status(status)
-        if status.get("failed"):
-            raise failed_error(status)
-        if status.get("error"):
-            raise daemon_error(status)
-        time.sleep(min(STATUS_INTERVAL, remaining()))  # polling our own daemon's API
-        status = client.call("GET", path, timeout=min(30.0, max(remaining(), 0.1)))
+        if deadline is not None:  # the daemon's answer (a manifest read) outlived it
+            raise DeadlineError(
+                f"swarm: deadline of {deadline:g}s passed while the daemon was still reading "
+                "the artifact's manifest (is the S3 endpoint answering?); rerun to wait again"
+            ) from None
+        raise DaemonGoneError(
+            f"swarm: the node's daemon did not answer; see {client.home / 'daemon.log'}"
+        ) from None
     on_status(status)
     held = Path(status["path"])
+    if held == dest:  # the daemon's own file: make sure it is still the one verified
+        follow(client, path, dest, timeout=30.0)
     if held != dest:
         owner = {"pid": os.getpid(), "name": status["name"], "info_hash": status["info_hash"]}
         lock = DestLock(dest, owner)

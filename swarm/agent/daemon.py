@@ -53,7 +53,7 @@ from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
 from swarm.agent.supervisor import SourceTask
 from swarm.agent.udpsource import read_udp
-from swarm.config import Settings
+from swarm.config import Settings, coordinator_urls
 from swarm.errors import IntegrityError, NoSpaceError, SwarmError, UsageError
 from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
@@ -71,6 +71,10 @@ WATCH_INTERVAL = 2.0
 DAEMON_SDK_ATTEMPTS = 3
 """botocore's own tries per S3 call in the daemon: its retries are silent (eight of them
 with backoff hid a minute of 503s), the supervisor's show on the progress line."""
+
+REPAIR_ROUNDS = 3
+"""Whole-file checks of a fetch whose own S3 writes failed it (each round reads the
+pieces that fail their SHA-1 again)."""
 
 STOP_BUDGET = 8.0
 """Seconds a stopping daemon gives libtorrent to save resume data (systemd's default
@@ -129,11 +133,10 @@ class Daemon:
         self.udp_secret = udp_secret(settings.secret)
         """With a fleet secret: required on the local API, sent to the coordinator, and
         peers are admitted only if the coordinator lists them as members."""
-        coordinator = settings.coordinator
-        announce = coordinator.rstrip("/") + "/announce" if coordinator else None
-        if announce and self.token:
-            announce += f"?token={self.token}"  # trackers take no headers (BEP 3)
-        self.trackers = [announce] if announce else []
+        self.coordinators = coordinator_urls(settings.coordinator)
+        """Every coordinator of the fleet (``A,B``): reports and announces fail over."""
+        query = f"?token={self.token}" if self.token else ""  # trackers take no headers
+        self.trackers = [f"{url}/announce{query}" for url in self.coordinators]
         if self.token:
             self.session.admit_only([])  # nobody, until the coordinator names the members
 
@@ -245,6 +248,9 @@ class Daemon:
         manifest = catalog.load_manifest(client, url, self.settings.secret)
         dest = Path(request.dest) if request.dest and not request.copy else None
         artifact = self.artifacts.get(manifest.info_hash)
+        if artifact is not None and artifact.verified.is_set():
+            self.watch_one(artifact)  # deleted a moment ago? then it is fetched anew
+            artifact = self.artifacts.get(manifest.info_hash)
         if artifact is None:
             lock = None
             if dest is not None:
@@ -334,12 +340,20 @@ class Daemon:
                 target=self._seed_restored, args=(artifact,), daemon=True, name="restored"
             ).start()
             return
-        artifact.finisher = finisher.Finisher(
-            self.session, artifact.manifest, artifact.data_path, artifact.cancel
-        )
+        artifact.finisher = self._new_finisher(artifact)
         artifact.finisher.start()
         name = f"finish-{artifact.manifest.name}"
         threading.Thread(target=self._finish, args=(artifact,), daemon=True, name=name).start()
+
+    def _new_finisher(self, artifact: Artifact) -> finisher.Finisher:
+        state = self.session.torrents[artifact.info_hash]
+
+        def held() -> set[int]:
+            return artifact.direct.held() if artifact.direct is not None else state.held
+
+        return finisher.Finisher(
+            self.session, artifact.manifest, artifact.data_path, artifact.cancel, held
+        )
 
     def _seed_restored(self, artifact: Artifact) -> None:
         """A restored artifact that was verified: seeding once libtorrent has checked it.
@@ -359,9 +373,7 @@ class Daemon:
                     "%s lost pieces: repairing it, then hashing it again", artifact.manifest.name
                 )
                 artifact.was_verified = False
-                artifact.finisher = finisher.Finisher(
-                    self.session, artifact.manifest, artifact.data_path, artifact.cancel
-                )
+                artifact.finisher = self._new_finisher(artifact)
                 artifact.finisher.start()
                 self._finish(artifact)
                 return
@@ -369,15 +381,32 @@ class Daemon:
         artifact.verified.set()
 
     def _finish(self, artifact: Artifact) -> None:
+        """Wait for every piece, check the whole file, put it at DEST, seed it."""
         state = self.session.torrents[artifact.info_hash]
-        fin = artifact.finisher
-        assert fin is not None
-        while not state.finished.wait(0.5):
-            if artifact.cancel.is_set():
-                return
         try:
-            fin.wait()
-            if artifact.dest is not None and artifact.data_path != artifact.dest:
+            for _ in range(REPAIR_ROUNDS):
+                while not (state.finished.is_set() or artifact.complete_on_disk()):
+                    if artifact.cancel.wait(0.25):
+                        return
+                fin = artifact.finisher
+                assert fin is not None
+                try:
+                    fin.wait()
+                    break
+                except IntegrityError:
+                    direct = artifact.direct
+                    if direct is None or not direct.drop_bad():
+                        raise
+                    # Bytes from S3 went bad on the way: read those pieces again.
+                    log.warning(
+                        "%s: pieces failed their SHA-1: reading them again", artifact.manifest.name
+                    )
+                    artifact.finisher = self._new_finisher(artifact)
+                    artifact.finisher.start()
+                    self._start_source(artifact, "s3")
+            if artifact.direct is not None:
+                self._adopt(artifact)
+            elif artifact.dest is not None and artifact.data_path != artifact.dest:
                 finisher.place(self.session, artifact.info_hash, artifact.data_path, artifact.dest)
                 artifact.data_path = artifact.dest
             registry.save_record(
@@ -386,7 +415,7 @@ class Daemon:
         except IntegrityError as error:
             artifact.failure = (str(error), error.exit_code)
             log.error("%s", error)
-        except (SwarmError, OSError) as error:
+        except (SwarmError, OSError, RuntimeError) as error:
             artifact.failure = (f"swarm: cannot place {artifact.manifest.name}: {error}", 1)
             log.error("%s", artifact.failure[0])
         else:
@@ -399,19 +428,50 @@ class Daemon:
                 artifact.lock.release()
                 artifact.lock = None
 
+    def _adopt(self, artifact: Artifact) -> None:
+        """The S3 reader wrote (some of) the verified file itself: hand the whole file to
+        libtorrent, at its final path, in seed mode (see :mod:`.direct`)."""
+        direct = artifact.direct
+        assert direct is not None
+        old = artifact.sink
+        self.session.remove(artifact.info_hash)
+        direct.close()
+        final = artifact.final_path
+        if final != artifact.data_path:
+            os.chmod(artifact.data_path, finisher.DEST_MODE)
+            os.replace(artifact.data_path, final)
+            finisher.fsync_dir(final.parent)
+        state = self.session.add(artifact.manifest, final, self.trackers, seed_mode=True)
+        for address in self.extra_peers:
+            state.handle.connect_peer(address)
+        sink = TorrentSink(self.session, artifact.manifest)
+        sink.bytes_by_source, sink.hash_failures = old.bytes_by_source, old.hash_failures
+        artifact.sink, artifact.data_path, artifact.direct = sink, final, None
+
     def watch(self) -> None:
         """Stop seeding what is no longer on disk as verified: a file deleted or
         replaced under the daemon, or one libtorrent can no longer read."""
         for artifact in list(self.artifacts.values()):
-            if not artifact.verified.is_set():
-                continue
-            inode = _inode(artifact.final_path)
-            if inode is None:
-                self._drop(artifact, f"{artifact.final_path} was deleted")
-            elif inode != artifact.inode:
-                self._drop(artifact, f"{artifact.final_path} was replaced by another file")
-            elif artifact.sink.state.error:
-                self._drop(artifact, f"libtorrent cannot read it: {artifact.sink.state.error}")
+            if artifact.verified.is_set():
+                self.watch_one(artifact)
+
+    def lookup(self, info_hash: str) -> Artifact | None:
+        """An artifact held, checked on the spot: a verified file deleted or replaced a
+        moment ago is not reported as complete."""
+        artifact = self.artifacts.get(info_hash)
+        if artifact is not None and artifact.verified.is_set():
+            self.watch_one(artifact)
+            artifact = self.artifacts.get(info_hash)
+        return artifact
+
+    def watch_one(self, artifact: Artifact) -> None:
+        inode = _inode(artifact.final_path)
+        if inode is None:
+            self._drop(artifact, f"{artifact.final_path} was deleted")
+        elif inode != artifact.inode:
+            self._drop(artifact, f"{artifact.final_path} was replaced by another file")
+        elif artifact.sink.state.error:
+            self._drop(artifact, f"libtorrent cannot read it: {artifact.sink.state.error}")
 
     # -- status and the coordinator -------------------------------------------------------
 
@@ -559,6 +619,16 @@ async def watch_loop(daemon: Daemon) -> None:
             log.exception("watching the seeded files failed")
 
 
+async def wait_listening(daemon: Daemon, port: int, timeout: float = 3.0) -> bool:
+    """True once libtorrent listens on ``port`` (it binds in the background)."""
+    deadline = time.monotonic() + timeout
+    while daemon.session.listen_port != port:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 async def serve(
     settings: Settings,
     listen_ip: str,
@@ -572,6 +642,13 @@ async def serve(
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
     daemon = Daemon(settings, listen_ip, port, upload_limit)
+    if port and not await wait_listening(daemon, port):
+        daemon.close()
+        os.close(lock)
+        raise UsageError(
+            f"swarm: cannot listen on {listen_ip}:{port} (in use by another daemon or "
+            "BitTorrent client?): stop it, or give this node another --listen IP or --port"
+        )
     # The marker exists only between a clean close and the next start: its absence means
     # the last daemon died (kill -9, power loss) and its resume data may lie.
     marker = settings.home / "clean-shutdown"
@@ -632,3 +709,9 @@ async def serve(
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
         os.close(lock)
+        log.info("stopped")
+        # Everything worth keeping is saved. Threads still blocked in an S3 read or a
+        # retry's backoff would hold the interpreter's exit (and systemd's stop) for as
+        # long as their timeouts: leave now.
+        logging.shutdown()
+        os._exit(0)

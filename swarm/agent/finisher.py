@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from swarm.errors import IntegrityError, SwarmError
@@ -51,12 +51,15 @@ class Finisher:
         manifest: Manifest,
         data_path: Path,
         cancel: threading.Event,
+        held: Callable[[], Collection[int]] | None = None,
     ) -> None:
         self.session = session
         self.manifest = manifest
         self.data_path = data_path
         self.cancel = cancel
         self.state = session.torrents[manifest.info_hash]
+        self.held = held or (lambda: self.state.held)
+        """Pieces in the file: libtorrent's, plus the S3 reader's own (``DirectSink``)."""
         self.hashed_pieces = 0
         self.digest: str | None = None
         self.error: SwarmError | None = None
@@ -79,7 +82,7 @@ class Finisher:
             self.done.set()
 
     def _held_prefix_end(self, start: int) -> int:
-        held, count = self.state.held, self.manifest.layout.count
+        held, count = self.held(), self.manifest.layout.count
         end = start
         while end < count and end in held:
             end += 1

@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import libtorrent as lt
+
+from swarm.agent.direct import DirectSink
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.batch import Batch, BatchKind, all_missing, planned_batch
 from swarm.pieces import DEFAULT_RANGE_SIZE
+from swarm.sources import PieceSink
 from swarm.sources.peers import TorrentSession
 from swarm.sources.s3 import S3Source, S3SourceConfig
 
@@ -36,6 +40,10 @@ smaller: every GET costs a first-byte latency on S3 (tens of ms; AWS advises 8-1
 PLAN_TTL = 3.0
 """A coordinator plan older than this (three missed reports) is stale: the node decides
 alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
+
+CHECKING = frozenset(
+    {lt.torrent_status.states.checking_files, lt.torrent_status.states.checking_resume_data}
+)
 
 IN_FLIGHT_TTL = 1.0
 """Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
@@ -76,16 +84,22 @@ def read_origin(
     state = session.torrents[manifest.info_hash]
     client = artifact.client
 
-    def source(range_size: int, concurrency: int = 8) -> S3Source:
-        config = S3SourceConfig(concurrency, range_size)
-        return S3Source(client, manifest, sink, artifact.cancel, config, on_retry=on_retry)
-
-    readers = {
-        BatchKind.ALL: source(DEFAULT_RANGE_SIZE),
-        BatchKind.STRIPE: source(STRIPE_RANGE),
-        BatchKind.WIDE: source(STRIPE_RANGE),
-        BatchKind.FILL: source(manifest.piece_size, 1),
+    shapes = {  # (concurrency, range size) per kind of batch
+        BatchKind.ALL: (8, DEFAULT_RANGE_SIZE),
+        BatchKind.STRIPE: (8, STRIPE_RANGE),
+        BatchKind.WIDE: (8, STRIPE_RANGE),
+        BatchKind.FILL: (1, manifest.piece_size),
     }
+
+    def read(batch: Batch) -> None:
+        # Once the reader writes into the file itself, it goes on doing so: libtorrent
+        # learns of those pieces when the verified file is handed to it.
+        target: PieceSink = artifact.direct if artifact.direct is not None else sink
+        config = S3SourceConfig(*shapes[batch.kind])
+        S3Source(client, manifest, target, artifact.cancel, config, on_retry=on_retry).fetch(
+            batch.pieces
+        )
+
     batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
     local = LocalOriginPolicy(stripe_offset(node_id, manifest.layout.count))
     s3_only = "peers" not in artifact.sources
@@ -97,8 +111,8 @@ def read_origin(
         return
     handle = state.handle
     in_flight = InFlight(handle)
-    while not sink.complete() and not artifact.cancel.is_set():
-        missing = sink.missing()
+    while not artifact.complete_on_disk() and not artifact.cancel.is_set():
+        missing = artifact.missing()
         if not missing:
             state.finished.wait(0.25)  # all held: libtorrent is flushing
             continue
@@ -106,13 +120,16 @@ def read_origin(
         plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
         batch: Batch
         status = state.status
-        if s3_only or (plan is None and (status is None or not status.num_peers)):
-            # Nobody to share with (yet): read all of it at full width, like s5cmd. Each
-            # range skips pieces held by then, so peers that show up still save reads.
+        alone = not has_coordinator and (status is None or not status.num_peers)
+        if s3_only or alone:
+            # Nobody to share with (no coordinator to stripe, no peer connected): read all
+            # of it at full width, like s5cmd. With a coordinator, its plan decides (and
+            # the local policy when the plan is stale: the fleet may still be striping).
             batch = all_missing(missing)
         elif plan is not None:
+            held = artifact.direct.held() if artifact.direct is not None else state.held
             batch = planned_batch(
-                plan, missing, state.held, handle.piece_availability(), in_flight(), local.offset
+                plan, missing, held, handle.piece_availability(), in_flight(), local.offset
             )
         else:
             pieces = local.choose(
@@ -131,7 +148,12 @@ def read_origin(
         if not batch.pieces:
             artifact.plan_updated.wait(0.25)
             continue
-        readers[batch.kind].fetch(batch.pieces)
+        if batch.kind is BatchKind.ALL and artifact.direct is None:
+            if status is None or status.state in CHECKING:
+                state.finished.wait(0.05)  # libtorrent is still looking at the file
+                continue
+            artifact.direct = DirectSink(sink, artifact.data_path)
+        read(batch)
         if plan is not None and batch.kind is not BatchKind.FILL:
             wake_reporter()  # report the finished stripe, for the next
             artifact.plan_updated.wait(0.5)

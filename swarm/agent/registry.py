@@ -25,6 +25,7 @@ from swarm.messages import SOURCES, OriginPlan
 
 if TYPE_CHECKING:
     from swarm.agent.destlock import DestLock
+    from swarm.agent.direct import DirectSink
     from swarm.agent.finisher import Finisher
     from swarm.agent.hybrid import TorrentSink
     from swarm.agent.supervisor import SourceTask
@@ -54,6 +55,8 @@ class Artifact:
     """The S3 client of the latest request (a later request may name another endpoint)."""
     tasks: dict[str, SourceTask] = field(default_factory=dict)
     finisher: Finisher | None = None
+    direct: DirectSink | None = None
+    """Set once the S3 reader writes into the file itself (nobody to share with)."""
     lock: DestLock | None = None
     plan: OriginPlan | None = None
     """The coordinator's latest origin plan for us."""
@@ -71,6 +74,15 @@ class Artifact:
     @property
     def info_hash(self) -> str:
         return self.manifest.info_hash
+
+    def complete_on_disk(self) -> bool:
+        """Every piece is in the file, whoever wrote it (libtorrent, or the S3 reader)."""
+        if self.direct is not None:
+            return self.direct.complete()
+        return self.sink.complete()
+
+    def missing(self) -> list[int]:
+        return self.direct.missing() if self.direct is not None else self.sink.missing()
 
     @property
     def final_path(self) -> Path:

@@ -27,7 +27,7 @@ def peers_can_help(artifact: Artifact, status: Any) -> bool:
     if status is None or not status.num_peers:
         return False
     availability = artifact.sink.handle.piece_availability()
-    return any(availability[i] > 0 for i in artifact.sink.missing() if i < len(availability))
+    return any(availability[i] > 0 for i in artifact.missing() if i < len(availability))
 
 
 def update_failure(artifact: Artifact, status: Any, now: float) -> dict[str, str]:
@@ -36,7 +36,7 @@ def update_failure(artifact: Artifact, status: Any, now: float) -> dict[str, str
     for name, task in artifact.tasks.items():
         if task.detail:  # a retry's reason, a backoff, or a final failure
             waiting[name] = task.detail
-    if artifact.verified.is_set() or artifact.sink.complete():
+    if artifact.verified.is_set() or artifact.complete_on_disk():
         return waiting
     if any(task.alive for task in artifact.tasks.values()):
         if "peers" in artifact.sources and status is not None and not status.num_peers:
@@ -84,6 +84,8 @@ def describe(artifact: Artifact) -> ArtifactStatus:
         artifact.seconds = round(now - artifact.started, 3)
     waiting = update_failure(artifact, status, now)
     have = status.total_wanted_done if status is not None else 0
+    if artifact.direct is not None:
+        have = max(have, artifact.direct.bytes_done)
     s3_task = artifact.tasks.get("s3")
     udp_errors = [t.detail for n, t in artifact.tasks.items() if n.startswith("udp") and t.detail]
     failure = artifact.failure or (
@@ -102,7 +104,13 @@ def describe(artifact: Artifact) -> ArtifactStatus:
             if complete
             else "failed"
             if failure
-            else ("error" if state.error else "verifying" if sink.complete() else "fetching")
+            else (
+                "error"
+                if state.error
+                else "verifying"
+                if artifact.complete_on_disk()
+                else "fetching"
+            )
         ),
         complete=complete,
         have_bytes=manifest.size if complete else have,

@@ -85,7 +85,7 @@ from swarm.coordinator.fleet import (
     parse_report,
 )
 from swarm.coordinator.history import History
-from swarm.coordinator.origin import GeometryError, StripePlanner, bits
+from swarm.coordinator.origin import GeometryError, NodeRates, StripePlanner, bits, spare_upload
 from swarm.coordinator.tracker import (
     RemoteProtocolError,
     encode_failure,
@@ -109,6 +109,11 @@ REPORT_BUDGET: Final = 2000.0
 """Reports per second one coordinator is asked to take (:func:`report_interval`). At
 this rate one process used about 0.6 core on the 2-core benchmark machine
 (bench/coordinator.py), leaving room for announces, the fleet view and bursts."""
+
+REDIS_REPORT_BUDGET: Final = 1000.0
+"""Reports per second per coordinator with a Redis store: each report then also costs a
+few Redis round trips. Coordinators sharing a store share the fleet's reports: the
+interval is ``nodes / (budget x coordinators alive)``."""
 
 MAX_REPORT_INTERVAL: Final = 15.0
 """Longest interval a reply asks for: past ``MAX_REPORT_INTERVAL x budget`` nodes
@@ -305,16 +310,45 @@ def make_app(
 
 
 def run(
-    listen: str = DEFAULT_LISTEN, db_path: str | Path | None = None, token: str | None = None
+    listen: str = DEFAULT_LISTEN,
+    db_path: str | Path | None = None,
+    token: str | None = None,
+    store_url: str | None = None,
+    report_budget: float | None = None,
 ) -> None:
     """Serve the coordinator until interrupted (``swarm coordinator``).
 
+    Args:
+        store_url: ``redis://HOST:PORT/DB`` to keep peers, reports, stripes and plans in
+            Redis, shared with every coordinator given the same URL; None keeps them in
+            this process.
+        report_budget: reports per second to ask of the fleet (default
+            ``REPORT_BUDGET``, or ``REDIS_REPORT_BUDGET`` with a Redis store).
+
     Raises:
-        UsageError: ``listen`` is not ``HOST:PORT``.
-        SwarmError: the port cannot be bound or the history database cannot be opened.
+        UsageError: ``listen`` is not ``HOST:PORT``, or ``store_url`` not a redis:// URL.
+        SwarmError: the port cannot be bound, the history database cannot be opened, or
+            Redis does not answer.
     """
     host, port = parse_listen(listen)
-    app = make_app(db_path=db_path, token=token)
+    store: PeerStore | None = None
+    planner: StripePlanner | None = None
+    budget = REPORT_BUDGET if report_budget is None else report_budget
+    if store_url:
+        from swarm.coordinator.redisstore import RedisPeerStore, RedisPlanState, connect
+
+        client = connect(store_url)
+        try:
+            client.ping()
+        except Exception as error:
+            raise SwarmError(
+                f"coordinator cannot reach its store {store_url} ({error}): start redis-server "
+                "there, or leave out --store to keep the state in this process"
+            ) from error
+        store = RedisPeerStore(client, peer_ttl=PEER_TTL_INTERVALS * ANNOUNCE_INTERVAL)
+        planner = StripePlanner(state=RedisPlanState(client))
+        budget = REDIS_REPORT_BUDGET if report_budget is None else report_budget
+    app = make_app(store, db_path=db_path, token=token, planner=planner, report_budget=budget)
     try:
         # No access log: a fleet of N nodes reports N times a second.
         web.run_app(app, host=host, port=port, access_log=None, print=None)
@@ -406,19 +440,21 @@ async def _report(request: web.Request) -> web.Response:
         # A daemon listening on 0.0.0.0 cannot tell its own address; we can.
         port = report.addr.rpartition(":")[2]
         report = replace(report, addr=f"{_remote_ip(request)}:{port}")
-    interval = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
+    interval = REPORT_INTERVAL
     try:
-        completions = store.report(report, now, max(REPORT_TTL, REPORT_TTL_INTERVALS * interval))
+        interval = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
+        ttl = max(REPORT_TTL, REPORT_TTL_INTERVALS * interval)
+        completions = store.report(report, now, ttl)
+        plans, rates = _plan_origin(planner, report, now, interval)
+        store.set_spare(report.addr, spare_upload(rates))
     except StoreFull as error:
         metrics.refused.labels(kind="report").inc()
         log.warning("report from %s (%s) refused: %s", report.node, request.remote, error)
-        return web.json_response(
-            {"ok": False, "error": f"coordinator is full ({error}); retry later"},
-            status=503,
-            headers={"Retry-After": str(math.ceil(interval))},
-        )
-    plans = _plan_origin(planner, report, now, interval)
-    store.set_spare(report.addr, planner.spare_upload(report.node))
+        return _unavailable(f"coordinator is full ({error}); retry later", interval)
+    except Exception as error:
+        # a shared store (Redis) that does not answer: the node decides alone meanwhile
+        log.exception("report from %s (%s) failed", report.node, request.remote)
+        return _unavailable(f"coordinator cannot serve reports now ({error})", interval)
     metrics.reports.inc()
     for completion in completions:
         try:
@@ -431,7 +467,11 @@ async def _report(request: web.Request) -> web.Response:
     if payload.get("want_members") is False:  # an open fleet's node filters no peers
         return web.json_response(reply)
     legacy = "members_epoch" not in payload
-    members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
+    try:
+        members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
+    except Exception:
+        log.exception("membership for %s failed; it keeps the list it has", report.node)
+        return web.json_response(reply)
     reply["members_epoch"] = members.epoch
     head = json.dumps(reply)
     # the member list is kept encoded: splice it in (last) rather than encode it per reply
@@ -446,11 +486,21 @@ async def _report(request: web.Request) -> web.Response:
 _UNSPECIFIED: Final = {"0.0.0.0", "::"}
 
 
+def _unavailable(reason: str, interval: float) -> web.Response:
+    return web.json_response(
+        {"ok": False, "error": reason},
+        status=503,
+        headers={"Retry-After": str(math.ceil(interval))},
+    )
+
+
 def _plan_origin(
     planner: StripePlanner, report: NodeReport, now: float, interval: float
-) -> dict[str, object]:
-    """Stripes and modes for each artifact the node reported with its bitfield."""
+) -> tuple[dict[str, object], list[NodeRates]]:
+    """Stripes and modes for each artifact the node reported with its bitfield, and the
+    node's rates for them."""
     plans: dict[str, object] = {}
+    rates: list[NodeRates] = []
     for item in report.artifacts:
         if item.pieces is None or item.piece_count is None or item.piece_size is None:
             continue
@@ -466,9 +516,11 @@ def _plan_origin(
             now=now,
             interval=interval,
         )
+        if plan.rates is not None:
+            rates.append(plan.rates)
         if len(plans) < MAX_PLANS:
             plans[item.info_hash] = plan.to_json()
-    return plans
+    return plans, rates
 
 
 async def _fleet(request: web.Request) -> web.Response:

@@ -601,6 +601,50 @@ def class_key(peer: PeerRecord, spare: Mapping[tuple[str, int], float]) -> tuple
     return (not peer.seeder, -bucket, peer.left)
 
 
+def build_ranking(
+    peers: Iterable[PeerRecord], spare: Mapping[tuple[str, int], float]
+) -> tuple[list[PeerRecord], list[tuple[int, int]]]:
+    """A swarm sorted by :func:`class_key` (then peer id), and the spans of equal keys."""
+    ranked = sorted(peers, key=lambda p: (*class_key(p, spare), p.peer_id))
+    keys = [class_key(p, spare) for p in ranked]
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for index in range(1, len(ranked) + 1):
+        if index == len(ranked) or keys[index] != keys[start]:
+            runs.append((start, index))
+            start = index
+    return ranked, runs
+
+
+def serve_ranking(
+    ranked: Sequence[PeerRecord],
+    runs: Sequence[tuple[int, int]],
+    live: Mapping[bytes, PeerRecord],
+    a: Announce,
+    ip: str,
+) -> list[PeerRecord]:
+    """``a.numwant`` peers for ``a``'s sender from a ranking (:func:`pick_candidates`),
+    each as its current record in ``live`` (the ranking may be a second old), never the
+    sender itself (by id or by address)."""
+    out = []
+    for peer in pick_candidates(ranked, runs, a.peer_id, a.numwant + 2):
+        record = live.get(peer.peer_id)
+        if (
+            record is None
+            or record.peer_id == a.peer_id
+            or (record.ip, record.port)
+            == (
+                ip,
+                a.port,
+            )
+        ):
+            continue
+        out.append(record)
+        if len(out) == a.numwant:
+            break
+    return out
+
+
 @dataclass(slots=True)
 class _ArtifactView:
     """Accumulates one artifact's entry in :meth:`PeerStore.snapshot`."""
@@ -770,36 +814,9 @@ class MemoryPeerStore(PeerStore):
             or not 0 <= now - swarm.ranked_at < RANK_PERIOD
             or len(swarm.peers) > 2 * len(swarm.ranked)  # a scale-out doubled it
         ):
-            spare = self._spare
-            ranked = sorted(swarm.peers.values(), key=lambda p: (*class_key(p, spare), p.peer_id))
-            runs: list[tuple[int, int]] = []
-            start = 0
-            for index in range(1, len(ranked) + 1):
-                if index == len(ranked) or class_key(ranked[index], spare) != class_key(
-                    ranked[start], spare
-                ):
-                    runs.append((start, index))
-                    start = index
-            swarm.ranked, swarm.runs, swarm.ranked_at = ranked, runs, now
-        live = swarm.peers
-        out = []
-        # the ranking may be a second old: take each peer's current record, if it has one
-        for peer in pick_candidates(swarm.ranked, swarm.runs, a.peer_id, a.numwant + 2):
-            record = live.get(peer.peer_id)
-            if (
-                record is None
-                or record.peer_id == a.peer_id
-                or (record.ip, record.port)
-                == (
-                    ip,
-                    a.port,
-                )
-            ):
-                continue
-            out.append(record)
-            if len(out) == a.numwant:
-                break
-        return out
+            swarm.ranked, swarm.runs = build_ranking(swarm.peers.values(), self._spare)
+            swarm.ranked_at = now
+        return serve_ranking(swarm.ranked, swarm.runs, swarm.peers, a, ip)
 
     def counts(self, info_hash: bytes, now: float) -> tuple[int, int]:
         swarm = self._swarms.get(info_hash)

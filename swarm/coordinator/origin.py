@@ -183,6 +183,8 @@ class OriginPlan:
     """Every piece has left the origin (it is held, or on its way in someone's stripe)
     and S3 would add a useful share to this node's peer downloads
     (:func:`swarm.policy.may_fill`): it may read rare pieces one GET at a time."""
+    rates: NodeRates | None = field(default=None, compare=False)
+    """The node's rates after this report (not sent: for the tracker's ranking)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -566,7 +568,7 @@ class StripePlanner:
                     self.max_readers,
                 )
             )
-            return OriginPlan([], Mode.STRIPE, None)
+            return OriginPlan([], Mode.STRIPE, None, rates=rates)
         backlog = ((view.union | held) & ~held).bit_count() * piece_size
         peers = rates.down.get("peers", 0.0)
         state = decide(view.mode or MixState(), peers, estimate, backlog, now)
@@ -588,9 +590,8 @@ class StripePlanner:
                 self.max_readers,
             )
         )
-        return OriginPlan(
-            done.stripe, state.mode, estimate, may_fill(peers, estimate) and done.spread
-        )
+        fill = may_fill(peers, estimate) and done.spread
+        return OriginPlan(done.stripe, state.mode, estimate, fill, rates)
 
     def prune(self, alive: set[str]) -> None:
         """Forget nodes that stopped reporting: their stripes go back to the pool."""

@@ -36,7 +36,7 @@ ADD_PIECE_TIMEOUT = 60.0
 
 def session_settings(
     listen_ip: str, port: int, upload_limit: int = 0, peer_id_prefix: str = "-SW0100-"
-) -> dict[str, Any]:
+) -> Any:
     """The session's settings, chosen for a private fleet on a fast LAN/VPC.
 
     Starts from libtorrent's ``high_performance_seed`` preset (deep send buffers, big
@@ -101,6 +101,10 @@ def session_settings(
             "ignore_limits_on_local_network": False,
             "disk_write_mode": int(lt.mmap_write_mode_t.always_pwrite),
             "apply_ip_filter_to_trackers": False,
+            # A busy port is an error the operator sees, not a silent move to 6882 (or to
+            # a random port) that peers and firewalls do not expect.
+            "max_retry_port_bind": 0,
+            "listen_system_port_fallback": False,
         }
     )
     return settings
@@ -190,9 +194,14 @@ class TorrentSession:
         trackers: list[str],
         *,
         trust_resume: bool = True,
+        seed_mode: bool = False,
     ) -> TorrentState:
         """Add (or return) the torrent of ``manifest``, its data in the file ``data_path``
         (whatever the torrent calls it: the daemon keeps data beside DEST).
+
+        ``seed_mode``: the file is known complete and verified (its whole-file SHA-256
+        matched): libtorrent seeds it without hashing it first (it checks each piece the
+        first time a peer asks for it).
 
         Resume data saved earlier for this info-hash is used, so a restarted daemon goes
         on seeding without downloading again. After an unclean stop (``trust_resume``
@@ -218,10 +227,19 @@ class TorrentSession:
         params.url_seeds = []
         flags = params.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
         flags |= lt.torrent_flags.override_trackers | lt.torrent_flags.override_web_seeds
+        if seed_mode:
+            flags |= lt.torrent_flags.seed_mode
         params.flags = flags
         # Reserve the whole file now: a full disk fails at the start, not at 90%.
         params.storage_mode = lt.storage_mode_t.storage_mode_allocate
-        handle = self.session.add_torrent(params)
+        for attempt in range(40):
+            try:
+                handle = self.session.add_torrent(params)
+                break
+            except RuntimeError as error:  # removed a moment ago: libtorrent is not done
+                if "already" not in str(error) or attempt == 39:
+                    raise
+                time.sleep(0.05)
         state = TorrentState(info_hash, handle)
         with self._lock:
             self.torrents[info_hash] = state

@@ -1,4 +1,4 @@
-"""The UDP transfer client (asyncio edge of :mod:`swarm.udp.protocol`).
+"""The UDP transfer client (asyncio edge of :mod:`swarm.udp.receiver`).
 
 :func:`fetch_pieces` pulls pieces of one artifact from one server and hands each complete
 piece to ``on_piece``, which checks its hash (the sink) and returns False to have it sent
@@ -14,6 +14,11 @@ source threads::
 
 Pieces the server does not have come back in ``stats.unavailable``; pieces whose hash
 failed :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS` times in ``stats.failed``.
+
+The data socket (:class:`~swarm.udp.datapath.DataSocket`) is connected to the server, set
+"don't fragment", and asks for UDP GRO: one readable event drains up to 64 receives, each
+a batch of datagrams, and the machine is fed whole batches (events are handled once per
+readable event, not per datagram). The block size asked for fits the route's MTU.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 
 from swarm.errors import AccessDeniedError, SwarmError
 from swarm.udp import protocol as p
-from swarm.udp.server import tune_buffers
+from swarm.udp.datapath import RECV_BUDGET, DataSocket, route_mtu
 
 DEFAULT_RATE_BPS = 1_000_000_000
 """What a client asks for by default: a 1 Gbit/s NIC. The rate rule finds the real
@@ -65,23 +70,19 @@ class FetchStats:
     hash_failures: int = 0
     seconds: float = 0.0
     sender_rate_bps: int = 0
+    block_size: int = 0
+    """Payload bytes per datagram, as the server accepted it (fits the path MTU)."""
+    srtt: float | None = None
+    """Smoothed round-trip time of the control channel's reports, seconds."""
+    gro: bool = False
+    """Whether receives were batched by UDP GRO."""
+    receives: int = 0
+    """Receive calls that returned data (datagrams / receives: the GRO batch size)."""
 
     @property
     def goodput_bps(self) -> float:
         """Payload bits per second over the whole fetch (handshake and tail included)."""
         return 8 * self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, fetch: _Fetch) -> None:
-        self.fetch = fetch
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.fetch.on_datagram(data)
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP port unreachable while probing: the server is not listening on UDP yet.
-        pass
 
 
 class _Fetch:
@@ -90,12 +91,14 @@ class _Fetch:
         session: p.ClientSession,
         on_piece: Callable[[int, bytes], bool],
         stall_timeout: float,
+        gro: bool = True,
     ) -> None:
         self.session = session
+        self.gro = gro
         self.on_piece = on_piece
         self.stall_timeout = stall_timeout
         self.writer: asyncio.StreamWriter | None = None
-        self.transport: asyncio.DatagramTransport | None = None
+        self.data: DataSocket | None = None
         self.error: BaseException | None = None
         self.wake = asyncio.Event()
         self.refused: str | None = None
@@ -144,14 +147,23 @@ class _Fetch:
             return
         self.handle_events()
 
-    def on_datagram(self, data: bytes) -> None:
-        before = self.session.stats.bytes
+    def on_readable(self) -> None:
+        data, session = self.data, self.session
+        if data is None or self.error is not None:
+            return
+        before = session.stats.bytes
         try:
-            self.session.receive_datagram(data)
+            for _ in range(RECV_BUDGET):
+                received = data.receive()
+                if received is None:
+                    break
+                view, size, segment, _ = received
+                if size:
+                    session.receive_batch(view, size, segment)
         except p.RemoteProtocolError as error:
             self.fail(UdpError(f"the UDP server sent a bad block: {error}"))
             return
-        if self.session.stats.bytes != before:
+        if session.stats.bytes != before:
             self.last_block = time.monotonic()
         self.handle_events()
 
@@ -175,8 +187,9 @@ class _Fetch:
         while not session.done:
             now = loop.time()
             for datagram in session.handle_timer(now):
-                if self.transport is not None:
-                    self.transport.sendto(datagram)
+                if self.data is not None:
+                    with contextlib.suppress(OSError):  # lost like any datagram: resent
+                        self.data.sock.send(datagram)
             self.handle_events()
             if cancel is not None and cancel.is_set():
                 session.cancel()
@@ -206,18 +219,22 @@ async def fetch_pieces(
     piece_size: int | None = None,
     piece_count: int | None = None,
     rate_bps: int = DEFAULT_RATE_BPS,
-    block_size: int = p.DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     timeout: float | None = None,
     stall_timeout: float = STALL_TIMEOUT,
     cancel: threading.Event | None = None,
+    gro: bool = True,
 ) -> FetchStats:
     """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
 
     ``on_piece(index, data)`` runs in a worker thread, one piece at a time; it returns False
     when the piece's hash does not match (the piece is then sent again, up to
     :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS` times). ``piece_size``/``piece_count``,
-    when given, must match the server's artifact. ``timeout`` bounds the whole fetch;
-    setting ``cancel`` stops it cleanly (pieces kept so far stay kept).
+    when given, must match the server's artifact. ``block_size`` (payload bytes per
+    datagram) defaults to the largest that fits our route's MTU, and is lowered to it if
+    larger. ``timeout`` bounds the whole fetch; setting ``cancel`` stops it cleanly (pieces
+    kept so far stay kept). ``gro=False`` receives datagrams one by one (as on a kernel
+    without UDP GRO).
 
     Raises:
         UdpAuthError: the server does not share our fleet secret.
@@ -230,11 +247,11 @@ async def fetch_pieces(
         info_hash_hex,
         list(pieces),
         rate_bps,
-        block_size,
+        _block_for_route(host, port, block_size),
         piece_size,
         piece_count,
     )
-    fetch = _Fetch(session, on_piece, stall_timeout)
+    fetch = _Fetch(session, on_piece, stall_timeout, gro)
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):
@@ -253,6 +270,7 @@ async def fetch_pieces(
         fetch.sink.shutdown(wait=True, cancel_futures=True)
     stats = session.stats
     plan = session.plan
+    data = fetch.data
     return FetchStats(
         kept=list(session.kept),
         failed=list(session.failed),
@@ -266,7 +284,25 @@ async def fetch_pieces(
         hash_failures=stats.hash_failures,
         seconds=time.monotonic() - started,
         sender_rate_bps=stats.sender_rate_bps if plan is not None else 0,
+        block_size=plan.block_size if plan is not None else 0,
+        srtt=stats.srtt,
+        gro=data is not None and data.gro,
+        receives=stats.batches,
     )
+
+
+def _block_for_route(host: str, port: int, block_size: int | None) -> int:
+    """``block_size`` (default: the largest), lowered to fit our route's MTU to ``host``."""
+    block = p.DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    p.validate_block_size(block)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    except OSError:
+        return block  # unresolvable: the connection fails next, with its own message
+    mtu = route_mtu(address[0], port, family)
+    if mtu is None:
+        return block
+    return min(block, p.block_size_for_mtu(mtu, family == socket.AF_INET6))
 
 
 async def _run(fetch: _Fetch, host: str, port: int, cancel: threading.Event | None) -> None:
@@ -276,15 +312,14 @@ async def _run(fetch: _Fetch, host: str, port: int, cancel: threading.Event | No
     server_ip = writer.get_extra_info("peername")[0]
     family = writer.get_extra_info("socket").family
     sock = socket.socket(family, socket.SOCK_DGRAM)
-    transport = None
     tasks: list[asyncio.Task[None]] = []
+    reading = False
     try:
-        tune_buffers(sock)
         # A connected socket: the kernel drops datagrams from any other source address.
         sock.connect((server_ip, port))
-        sock.setblocking(False)
-        transport, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(fetch), sock=sock)
-        fetch.transport = transport
+        fetch.data = DataSocket(sock, gso=False, gro=fetch.gro)
+        loop.add_reader(sock.fileno(), fetch.on_readable)
+        reading = True
         fetch.flush()
         tasks = [
             asyncio.ensure_future(fetch.read_loop(reader)),
@@ -309,10 +344,9 @@ async def _run(fetch: _Fetch, host: str, port: int, cancel: threading.Event | No
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if transport is not None:
-            transport.close()
-        else:
-            sock.close()
+        if reading:
+            loop.remove_reader(sock.fileno())
+        sock.close()
         writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer.wait_closed(), 1.0)

@@ -1,8 +1,10 @@
-"""The UDP transfer server (asyncio edge of :mod:`swarm.udp.protocol`).
+"""The UDP transfer server (asyncio edge of :mod:`swarm.udp.sender`).
 
 Every daemon serves the pieces it holds: TCP control and UDP data on the same port number
-(default 7881). One :class:`~swarm.udp.protocol.ServerSession` per control connection; one
-UDP socket for all sessions, demultiplexed by the session id in each datagram.
+(default 7881). One :class:`~swarm.udp.sender.ServerSession` per control connection; one
+UDP socket for all sessions (:class:`~swarm.udp.datapath.DataSocket`), demultiplexed by
+the session id in each datagram. A session's pacer hands over batches of sealed datagrams,
+each sent with one ``sendmsg`` (UDP GSO); blocks fit the route's MTU (no IP fragments).
 
 What the server guarantees whatever a client does:
 
@@ -21,12 +23,20 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from swarm.udp import protocol as p
+from swarm.udp.datapath import (
+    GSO_MAX_BYTES,
+    RECV_BUDGET,
+    SOCKET_BUFFER,
+    DataSocket,
+    route_mtu,
+    tune_buffers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +48,6 @@ HANDSHAKE_TIMEOUT = 10.0
 """Seconds from TCP accept to a validated UDP path; then the connection is closed."""
 IDLE_TIMEOUT = 30.0
 """Seconds without a control frame from the client (it reports every 50 ms)."""
-SOCKET_BUFFER = 32 << 20
-"""UDP socket buffers: at 1 Gbit/s, 32 MiB is 250 ms of data, enough to ride out a slow
-event-loop turn (a GC pause, a piece read) without dropping. Above net.core.[rw]mem_max
-only root can set it (SO_*BUFFORCE); otherwise the kernel clamps it."""
-WRITE_BUFFER_HIGH = 256 << 10
-"""Bytes queued in asyncio's datagram transport (the socket was full) before the pacer
-waits: pacing must not turn into an unbounded queue in user space."""
 
 
 class ArtifactPieces(Protocol):
@@ -110,32 +113,6 @@ class StaticProvider:
         return self._artifacts.get(info_hash_hex.lower())
 
 
-def tune_buffers(sock: socket.socket, size: int = SOCKET_BUFFER) -> None:
-    for force, plain in (
-        (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
-        (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF),
-    ):
-        try:
-            if force is None:
-                raise OSError
-            sock.setsockopt(socket.SOL_SOCKET, force, size)
-        except OSError:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, plain, size)
-
-
-class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
-        self._on = on_datagram
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self._on(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP port unreachable from a client that went away: its session times out.
-        log.debug("udp: %s", exc)
-
-
 class _Conn:
     """One control connection and its session."""
 
@@ -147,17 +124,33 @@ class _Conn:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}"
+        self.family = writer.get_extra_info("socket").family
+        data = server._data
+        assert data is not None
         self.session = p.ServerSession(
-            server._key, os.urandom(p.NONCE_LEN), peer[0], server.rate_cap_bps
+            server._key,
+            os.urandom(p.NONCE_LEN),
+            peer[0],
+            server.rate_cap_bps,
+            max_batch_segments=data.max_segments,
+            max_batch_bytes=GSO_MAX_BYTES,
+            wake_bytes=GSO_MAX_BYTES,
         )
         self.wake = asyncio.Event()
         self.artifact: ArtifactPieces | None = None
         self.closing = False
+        self.backlog: deque[p.Batch] = deque()
 
     def flush(self) -> None:
         out = self.session.data_to_send()
         if out and not self.writer.is_closing():
             self.writer.write(out)
+
+    def fail(self, reason: str) -> None:
+        self.session.send_error(reason)
+        self.closing = True
+        self.flush()
+        self.wake.set()
 
     def handle_events(self) -> None:
         server, session = self.server, self.session
@@ -203,6 +196,10 @@ class _Conn:
         have = [i for i in request.pieces if artifact.has(i)]
         gone = [i for i in request.pieces if not artifact.has(i)]
         block = min(request.block_size, server.max_block_size)
+        mtu = route_mtu(session.peer_ip, server.port, self.family)
+        if mtu is not None:
+            # Our route to the client may have a smaller MTU than its route to us.
+            block = min(block, p.block_size_for_mtu(mtu, self.family == socket.AF_INET6))
         session.accept(
             artifact.piece_size, artifact.total_size, have, gone, request.rate_bps, block
         )
@@ -216,10 +213,7 @@ class _Conn:
             data = await loop.run_in_executor(None, self.artifact.read, index)
         except OSError as error:
             log.warning("udp: cannot read piece %d: %s", index, error)
-            self.session.send_error("server cannot read a piece")
-            self.closing = True
-            self.flush()
-            self.wake.set()
+            self.fail("server cannot read a piece")
             return
         if not self.session.closed:
             self.session.piece_loaded(index, data)
@@ -257,13 +251,25 @@ class _Conn:
             self.handle_events()
             self.wake.set()
 
+    def _send(self, addr: tuple[str, int]) -> bool:
+        """Send the backlog; False if the socket is full (wait until writable)."""
+        data = self.server._data
+        assert data is not None
+        backlog = self.backlog
+        while backlog:
+            batch = backlog[0]
+            if not data.send_batch(batch, addr):
+                return False
+            backlog.popleft()
+            self.server.bytes_sent += len(batch.data)
+        return True
+
     async def pace_loop(self) -> None:
         loop = asyncio.get_running_loop()
         session, server = self.session, self.server
         deadline = loop.time() + HANDSHAKE_TIMEOUT
         while not self.closing:
-            transport = server._transport
-            if transport is None:
+            if server._data is None:
                 return
             if session.state is not p.ServerState.SENDING:
                 if loop.time() > deadline:
@@ -273,16 +279,23 @@ class _Conn:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), 0.5)
                 continue
-            if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
-                await asyncio.sleep(0.001)
-                continue
             addr = session.data_addr
             assert addr is not None
-            sent_before = session.stats.bytes
-            for datagram in session.handle_timer(loop.time()):
-                transport.sendto(datagram, addr)
-            server.bytes_sent += session.stats.bytes - sent_before
+            try:
+                if not self._send(addr):
+                    await server._wait_writable()
+                    continue
+                self.backlog.extend(session.handle_timer_batches(loop.time()))
+                sent = self._send(addr)
+            except OSError as error:
+                # EMSGSIZE: a block larger than the route's MTU (the MTU shrank mid-transfer).
+                log.warning("udp: cannot send to %s:%d: %s", *addr, error)
+                self.fail(f"server cannot send: {error.strerror or error}")
+                return
             self.handle_events()
+            if not sent:
+                await server._wait_writable()
+                continue
             due = session.next_timer(loop.time())
             if due is None:
                 self.wake.clear()
@@ -315,7 +328,8 @@ class UdpServer:
 
     ``secret`` is the fleet secret (``SWARM_SECRET``); there is no default, and without one
     the daemon must not start this server. ``port=0`` picks a free port (tests); TCP and
-    UDP then share it.
+    UDP then share it. ``gso=False`` sends datagrams one by one (as on a kernel without
+    UDP GSO).
     """
 
     def __init__(
@@ -328,6 +342,7 @@ class UdpServer:
         max_sessions: int = MAX_SESSIONS,
         max_block_size: int = p.MAX_BLOCK_SIZE,
         idle_timeout: float = IDLE_TIMEOUT,
+        gso: bool = True,
     ) -> None:
         self._key = p.FleetKey(secret)
         if rate_cap_bps < p.MIN_RATE_BPS:
@@ -340,8 +355,11 @@ class UdpServer:
         self.max_sessions = max_sessions
         self.max_block_size = max_block_size
         self.idle_timeout = idle_timeout
+        self.gso = gso
         self._tcp: asyncio.Server | None = None
-        self._transport: asyncio.DatagramTransport | None = None
+        self._data: DataSocket | None = None
+        self._writable: asyncio.Event | None = None
+        self._writer_armed = False
         self._sessions: dict[bytes, _Conn] = {}
         self._conns: set[_Conn] = set()
         self._sending: set[_Conn] = set()
@@ -358,6 +376,11 @@ class UdpServer:
     def sessions_active(self) -> int:
         return len(self._conns)
 
+    @property
+    def gso_active(self) -> bool:
+        """Whether sends are batched by UDP GSO (False on kernels without it)."""
+        return self._data is not None and self._data.gso
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tcp = await asyncio.start_server(self._on_connection, self.host, self.port)
@@ -366,17 +389,21 @@ class UdpServer:
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             sock.bind((self.host, self.port))
-            tune_buffers(sock)
-            transport, _ = await loop.create_datagram_endpoint(
-                lambda: _Datagrams(self._on_datagram), sock=sock
-            )
+            # Only PROBEs arrive here: no GRO needed.
+            self._data = DataSocket(sock, gso=self.gso, gro=False)
+            loop.add_reader(sock.fileno(), self._on_readable)
         except BaseException:
             sock.close()
+            self._data = None
             self._tcp.close()
             raise
-        self._transport = transport
+        self._writable = asyncio.Event()
         log.info(
-            "udp: serving on %s:%d (cap %.0f Mbit/s)", self.host, self.port, self.rate_cap_bps / 1e6
+            "udp: serving on %s:%d (cap %.0f Mbit/s, GSO %s)",
+            self.host,
+            self.port,
+            self.rate_cap_bps / 1e6,
+            "on" if self._data.gso else "off",
         )
 
     async def close(self) -> None:
@@ -390,9 +417,12 @@ class UdpServer:
         if self._tcp is not None:
             with contextlib.suppress(Exception):
                 await self._tcp.wait_closed()
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._data is not None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self._data.fileno())
+            loop.remove_writer(self._data.fileno())
+            self._data.close()
+            self._data = None
 
     async def __aenter__(self) -> UdpServer:
         await self.start()
@@ -404,7 +434,7 @@ class UdpServer:
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        if len(self._conns) >= self.max_sessions:
+        if len(self._conns) >= self.max_sessions or self._data is None:
             # Before authentication there is nothing to say safely; the client retries later.
             self.rejected_busy += 1
             writer.close()
@@ -433,6 +463,37 @@ class UdpServer:
             for conn in self._sending:
                 conn.session.set_rate_cap(share)
 
+    async def _wait_writable(self) -> None:
+        """Until the UDP socket has room again (every blocked session wakes)."""
+        data, event = self._data, self._writable
+        if data is None or event is None:
+            return
+        loop = asyncio.get_running_loop()
+        if not self._writer_armed:
+            self._writer_armed = True
+            event.clear()
+
+            def writable() -> None:
+                loop.remove_writer(data.fileno())
+                self._writer_armed = False
+                event.set()
+
+            loop.add_writer(data.fileno(), writable)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), 0.5)
+
+    def _on_readable(self) -> None:
+        data = self._data
+        if data is None:
+            return
+        for _ in range(RECV_BUDGET):
+            received = data.receive()
+            if received is None:
+                return
+            view, size, _, addr = received
+            if size and addr is not None:
+                self._on_datagram(bytes(view[:size]), addr)
+
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         session_id = p.peek_session_id(data)
         conn = self._sessions.get(session_id) if session_id is not None else None
@@ -443,3 +504,15 @@ class UdpServer:
             self.forged_datagrams += 1
             return
         conn.handle_events()
+
+
+__all__ = [
+    "DEFAULT_RATE_CAP_BPS",
+    "SOCKET_BUFFER",
+    "ArtifactPieces",
+    "FilePieces",
+    "PieceProvider",
+    "StaticProvider",
+    "UdpServer",
+    "tune_buffers",
+]

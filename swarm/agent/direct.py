@@ -1,0 +1,113 @@
+"""S3 straight into the data file, for a node with nobody to share with yet.
+
+Handing every S3 piece to libtorrent (``add_piece``) costs a copy into its block
+buffers, a SHA-1 and a write per 16 KiB block on its disk threads: a fresh node fetching
+1 GiB through its daemon spent ~3x the CPU of ``--no-daemon`` (bench/s3get.py). When no
+peer is connected and no coordinator plan asks for stripes, nothing would be shared
+before the end anyway, so the S3 reader writes pieces at their offsets itself, as
+``--no-daemon`` does, and the whole-file SHA-256 (which the finisher computes anyway)
+checks every byte. Once it matches, the daemon hands the verified file to libtorrent in
+seed mode (no hash pass; libtorrent checks each piece the first time a peer asks).
+Pieces that peers deliver meanwhile still land through libtorrent, in the same file.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from swarm.agent.hybrid import TorrentSink
+from swarm.errors import NoSpaceError
+
+
+class DirectSink:
+    """A :class:`~swarm.sources.PieceSink` writing into the torrent's own data file."""
+
+    def __init__(self, torrent: TorrentSink, path: Path) -> None:
+        self.torrent = torrent
+        self.path = path
+        self.layout = torrent.manifest.layout
+        self.written: set[int] = set()
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(self._fd).st_size < self.layout.size:
+                os.posix_fallocate(self._fd, 0, self.layout.size)
+        except OSError as error:
+            os.close(self._fd)
+            if error.errno == errno.ENOSPC:
+                raise NoSpaceError(
+                    f"swarm: no space left for {path} (ENOSPC); free some space and rerun"
+                ) from error
+            raise
+
+    @property
+    def bytes_by_source(self) -> dict[str, int]:
+        return self.torrent.bytes_by_source
+
+    def held(self) -> set[int]:
+        """Pieces in the file: written here, or kept by libtorrent (from peers)."""
+        with self._lock:
+            return self.written | self.torrent.state.held
+
+    def have(self, index: int) -> bool:
+        return index in self.written or self.torrent.have(index)
+
+    def missing(self) -> list[int]:
+        held = self.held()
+        return [i for i in range(self.layout.count) if i not in held]
+
+    def complete(self) -> bool:
+        return len(self.held()) >= self.layout.count
+
+    @property
+    def bytes_done(self) -> int:
+        return sum(self.layout.length(i) for i in self.held())
+
+    def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
+        """Write the piece at its offset (checked later, with the whole file)."""
+        length = len(data)
+        if length != self.layout.length(index):
+            return False
+        if self.have(index):
+            return True
+        view, offset = memoryview(data), self.layout.offset(index)
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view, offset = view[written:], offset + written
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise NoSpaceError(
+                    f"swarm: no space left writing {self.path} (ENOSPC); free space and rerun"
+                ) from error
+            raise
+        with self._lock:
+            self.written.add(index)
+            self.torrent.bytes_by_source[source] = (
+                self.torrent.bytes_by_source.get(source, 0) + length
+            )
+        return True
+
+    def drop_bad(self) -> int:
+        """After a whole-file mismatch: forget written pieces whose SHA-1 does not match
+        (read again from S3); returns how many."""
+        hashes = self.torrent.manifest.piece_hashes
+        bad = set()
+        for index in sorted(self.written):
+            data = os.pread(self._fd, self.layout.length(index), self.layout.offset(index))
+            if hashlib.sha1(data).digest() != hashes[index]:
+                bad.add(index)
+        with self._lock:
+            self.written -= bad
+            self.torrent.hash_failures += len(bad)
+        return len(bad)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1

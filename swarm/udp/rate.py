@@ -1,0 +1,117 @@
+"""Rate control: the sender's rate rule and its pacer. Pure: time is passed in.
+
+Rate rule (:func:`adapt_rate`): the receiver reports, every ``REPORT_INTERVAL``, how many
+datagrams the sender's ``seq`` says were sent in the interval and how many arrived; above
+2% loss the sender cuts its rate to the delivered rate, below 0.5% it speeds up by 4% per
+interval (doubling per interval until the first cut), in between it holds; never above
+min(client's ask, server's cap). Random loss below 2% (a lossy WAN path) therefore never
+slows the sender: only a queue overflowing does, which is what a rate-based blast wants.
+
+The pacer (:class:`Pacer`) is a token bucket in bytes: it says how many bytes may go now,
+and when the next batch of datagrams may go.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+LOSS_HIGH: Final = 0.02
+LOSS_LOW: Final = 0.005
+RATE_INCREASE: Final = 1.04
+MAX_DECREASE: Final = 0.25
+MIN_RATE_BPS: Final = 1_000_000
+MIN_LOSS_SAMPLE: Final = 8
+START_FRACTION: Final = 0.125
+"""The first rate is this fraction of the target, then doubles per clean report until the
+first cut. Tsunami starts at the target; starting lower keeps a blast far above the
+bottleneck from filling its queue (and every other flow's) before the first report."""
+BURST_SECONDS: Final = 0.004
+"""Token-bucket depth of the pacer in seconds at the current rate (at least 2 datagrams):
+an event loop wakes every ~1 ms, so 4 ms of tokens absorbs a late wake without bursting
+past a tbf bucket (netlab's 500 Mbit bucket holds ~4 ms)."""
+
+
+def adapt_rate(
+    rate: float,
+    target: float,
+    expected: int,
+    received: int,
+    intervals: int = 1,
+    slow_start: bool = False,
+) -> tuple[float, bool]:
+    """One control step of the sender's rate from one receiver REPORT.
+
+    ``loss = (expected - received) / expected`` over the report's interval (``expected``
+    counts the sender's datagrams by ``seq``, so retransmissions count and reordering
+    across an interval boundary only adds noise, clamped to 0..1).
+
+    - fewer than :data:`MIN_LOSS_SAMPLE` datagrams expected: no change (one datagram more
+      or less would swing the estimate by more than the thresholds);
+    - ``loss > LOSS_HIGH`` (2%): ``rate *= max(MAX_DECREASE, 1 - loss)``: the new rate is
+      the rate that was *delivered*, the bottleneck's share, like Tsunami's back-off on a
+      high error rate but in one step instead of many small ones; never below a quarter,
+      since a burst of loss (a queue overflowing once) overstates the steady loss;
+    - ``loss <= LOSS_LOW`` (0.5%): ``rate *= RATE_INCREASE ** intervals`` (4% per 50 ms
+      report interval the sample spans), up to ``target``: probing for spare capacity
+      multiplicatively, as Tsunami speeds up; during ``slow_start`` (until the first
+      cut, from :data:`START_FRACTION` of the target) the rate doubles per interval instead,
+      like TCP's slow start (RFC 5681);
+    - in between: hold. The sender then runs a few percent above the bottleneck, which costs
+      a few percent of its packets but keeps the link full (a dropped datagram never used
+      the link, so goodput stays at the link rate).
+
+    The caller applies at most one decrease per feedback loop: after a cut it ignores
+    reports until they describe datagrams sent after it. The result is clamped to
+    ``MIN_RATE_BPS..target``.
+
+    Returns:
+        ``(new rate, decreased)``.
+    """
+    if expected < MIN_LOSS_SAMPLE:
+        return min(rate, target), False
+    loss = min(1.0, max(0.0, (expected - received) / expected))
+    if loss > LOSS_HIGH:
+        new = max(MIN_RATE_BPS, rate * max(MAX_DECREASE, 1.0 - loss))
+        return min(new, target), True
+    if loss <= LOSS_LOW:
+        factor = (2.0 if slow_start else RATE_INCREASE) ** max(1, intervals)
+        return max(MIN_RATE_BPS, min(target, rate * factor)), False
+    return min(rate, target), False
+
+
+class Pacer:
+    """A token bucket in bytes at ``rate`` bit/s, ``BURST_SECONDS`` deep (at least
+    ``min_burst`` bytes: two datagrams, or one batch)."""
+
+    __slots__ = ("last", "min_burst", "rate", "tokens")
+
+    def __init__(self, rate: float, min_burst: int) -> None:
+        self.rate = rate
+        self.min_burst = min_burst
+        self.tokens = 0.0
+        self.last: float | None = None
+
+    @property
+    def burst(self) -> float:
+        return max(float(self.min_burst), self.rate / 8 * BURST_SECONDS)
+
+    def refill(self, now: float) -> float:
+        """Tokens (bytes) available at ``now``."""
+        if self.last is not None and now > self.last:
+            self.tokens += (now - self.last) * self.rate / 8
+        if self.last is None or now > self.last:
+            self.last = now
+        self.tokens = min(self.tokens, self.burst)
+        return self.tokens
+
+    def take(self, size: int) -> None:
+        self.tokens -= size
+
+    def when(self, now: float, size: float) -> float:
+        """When ``size`` bytes of tokens will be there (``now`` if they are), at least a
+        microsecond ahead otherwise: float rounding must not make a timer that is due
+        "now" yet finds a token short (a busy loop)."""
+        size = min(size, self.burst)
+        if self.tokens >= size - 1:
+            return now
+        return now + max(1e-6, (size - self.tokens) * 8 / self.rate)
