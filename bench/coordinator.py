@@ -388,7 +388,7 @@ async def post_report(
     # the reply's member list or delta comes last (the coordinator splices it in): read
     # what a node acts on without decoding thousands of addresses, as a daemon's C
     # JSON parser would not be this machine's bottleneck either
-    cut = raw.find(b', "members')
+    cut = max(raw.find(b', "members": '), raw.find(b', "members_delta": '))
     if cut > 0:
         stats.members += 1
         reply = json.loads(raw[:cut] + b"}")

@@ -1,0 +1,209 @@
+"""Coordinators sharing one real ``redis-server`` (issue 12): the Redis stores keep the
+same contracts as the in-memory ones, and two coordinator apps on one Redis serve one
+fleet. The server is started on a free loopback port and killed by pid."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+
+from swarm.coordinator.app import make_app
+from swarm.coordinator.fleet import parse_report
+from swarm.coordinator.origin import MemoryPlanState, StripePlanner
+from swarm.coordinator.tracker import decode_compact_peers
+from tests.integration.test_coordinator import FakeClock, Server, pid, report, serve
+from tests.servers import free_port
+from tests.unit.test_coordinator_scale import HASH, MiB, plan, steps
+
+redis = pytest.importorskip("redis")
+from swarm.coordinator.redisstore import RedisPeerStore, RedisPlanState  # noqa: E402
+
+REDIS_SERVER = shutil.which("redis-server")
+if REDIS_SERVER is None and not os.environ.get("CI"):
+    pytest.skip(
+        "redis-server is not installed (apt-get install redis-server)", allow_module_level=True
+    )
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    assert REDIS_SERVER, "CI needs redis-server (apt-get install redis-server)"
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [
+            REDIS_SERVER,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "redis-server"
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(redis_url)
+    connection.flushdb()
+    yield connection
+    connection.close()
+
+
+# -- the plan state: the same algorithm as in memory ---------------------------------------------
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(steps=steps)
+def test_redis_plan_state_matches_memory(redis_url: str, steps) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    connection.flushdb()
+    memory = StripePlanner(stripe_bytes=4 * MiB, max_readers=3, state=MemoryPlanState())
+    shared = StripePlanner(stripe_bytes=4 * MiB, max_readers=3, state=RedisPlanState(connection))
+    now = 0.0
+    for index, value, departs in steps:
+        node = f"n{index}"
+        now += 0.5
+        if departs:
+            memory.forget([node])
+            shared.forget([node])
+            continue
+        complete = value == (1 << 40) - 1
+        a = plan(memory, node, value, now, count=40, complete=complete)
+        b = plan(shared, node, value, now, count=40, complete=complete)
+        assert (a.stripe, a.mode, a.fill) == (b.stripe, b.mode, b.fill)
+        assert a.s3_estimate == pytest.approx(b.s3_estimate)
+        assert memory.availability(HASH) == shared.availability(HASH)
+    connection.close()
+
+
+def test_two_planners_on_one_redis_hand_out_disjoint_stripes(client: redis.Redis) -> None:
+    a = StripePlanner(stripe_bytes=8 * MiB, state=RedisPlanState(client))
+    b = StripePlanner(stripe_bytes=8 * MiB, state=RedisPlanState(client))
+    stripes = [plan(a if i % 2 else b, f"n{i}", 0, 0.0).stripe for i in range(8)]
+    taken = [p for s in stripes for p in s]
+    assert len(taken) == 64 and sorted(taken) == list(range(64))
+    # n0 got the whole artifact from n1..n7's stripes: every stripe is released
+    plan(b, "n0", (1 << 64) - 1, 1.0, complete=True)
+    assert all(plan(a, f"n{i}", 0, 1.5).stripe == [] for i in range(1, 8))
+    a.forget([f"n{i}" for i in range(8)])
+    assert client.get("swarm:planbytes") in (b"0", None)
+    assert not client.exists("swarm:art:" + HASH)
+
+
+# -- the peer store ------------------------------------------------------------------------------
+
+
+def test_redis_peer_store_keeps_the_tracker_contract(client: redis.Redis) -> None:
+    from tests.unit.test_coordinator_scale import announce
+
+    store = RedisPeerStore(client, peer_ttl=90)
+    assert store.announce(announce(1, left=5), "10.0.0.1", 100.0) == []
+    got = store.announce(announce(2, left=0), "10.0.0.2", 101.0)
+    assert [p.ip for p in got] == ["10.0.0.1"]
+    assert store.counts(b"\x01" * 20, 101.0) == (1, 1)
+    assert store.counts(b"\x01" * 20, 190.5) == (1, 0)  # 1 stale, dropped on the way
+    assert store.expire(190.5) == (1, 0)
+    store.announce(announce(2, left=0), "10.0.0.2", 192.0)
+    assert store.announce(announce(3, numwant=5), "10.0.0.3", 192.0)[0].ip == "10.0.0.2"
+    store.announce(dataclasses.replace(announce(2), event="stopped"), "10.0.0.2", 193.0)
+    assert [p.ip for p in store.peers(b"\x01" * 20, 193.0)] == ["10.0.0.3"]
+    # a large swarm is served from the ranking, seeders first
+    for n in range(10, 400):
+        store.announce(announce(n, left=0 if n < 100 else n), f"10.1.{n >> 8}.{n & 255}", 200.0)
+    got = store.announce(announce(999, left=10**9), "10.2.0.1", 200.5)
+    assert len(got) == 50 and all(int.from_bytes(p.peer_id[8:], "big") < 100 for p in got)
+
+
+def test_redis_nodes_membership_and_caps(client: redis.Redis) -> None:
+    from tests.unit.test_coordinator_scale import report_body
+
+    store = RedisPeerStore(client, max_nodes=2, generation="g")
+    first = store.members(None, 0.0)
+    assert (first.epoch, first.members) == ("g.0", "[]")
+    store.report(parse_report(report_body("a")), 0.0, ttl=10)
+    body = report_body("b")
+    body["addr"] = "10.0.0.2:6881"
+    store.report(parse_report(body), 0.0, ttl=30)
+    with pytest.raises(Exception, match="maximum"):
+        store.report(parse_report(report_body("c")), 0.0)
+    delta = store.members("g.0", 1.0)
+    assert delta.delta == '["+10.0.0.1","+10.0.0.2"]' and delta.epoch == "g.2"
+    assert store.members("g.2", 1.0).members is None
+    (a,) = [s for s in store.nodes(5.0) if s.report.node == "a"]
+    assert a.report.artifacts[0].pieces is None and a.expires_at == 10
+    assert store.expire(20.0) == (0, 1) and store.departed() == ["a"]
+    assert store.members("g.2", 21.0).delta == '["-10.0.0.1"]'
+    assert store.node_count(100.0) == 1
+
+
+# -- two coordinators, one fleet -----------------------------------------------------------------
+
+
+def shared_app(client: redis.Redis, clock: FakeClock, name: str, tmp_path: Path):
+    store = RedisPeerStore(client, name=name)
+    planner = StripePlanner(state=RedisPlanState(client))
+    return make_app(store, clock=clock, planner=planner, db_path=tmp_path / f"{name}.db")
+
+
+def test_two_coordinators_on_one_redis_serve_one_fleet(client: redis.Redis, tmp_path: Path) -> None:
+    clock = FakeClock()
+    with (
+        serve(shared_app(client, clock, "a", tmp_path)) as url_a,
+        serve(shared_app(client, clock, "b", tmp_path)) as url_b,
+    ):
+        a, b = Server(url_a, clock), Server(url_b, clock)
+        a.announce(peer_id=pid(1), port=7001, left=0, event="started")
+        reply = b.announce(peer_id=pid(2), port=7002)
+        assert decode_compact_peers(reply[b"peers"]) == [("127.0.0.1", 7001)]  # type: ignore[arg-type]
+
+        bitfield = base64.b64encode(bytes(8)).decode()
+        geometry = {"size": 64 * MiB, "piece_size": MiB, "piece_count": 64, "pieces": bitfield}
+        one = a.post_json(
+            "/v1/report", {**report("n1", "10.0.0.1:1", **geometry), "members_epoch": None}
+        )[1]
+        two = b.post_json(
+            "/v1/report", {**report("n2", "10.0.0.2:1", **geometry), "members_epoch": None}
+        )[1]
+        s1 = one["plans"]["0123456789abcdef0123456789abcdef01234567"]["stripe"]
+        s2 = two["plans"]["0123456789abcdef0123456789abcdef01234567"]["stripe"]
+        assert s1 == list(range(8)) and s2 == list(range(8, 16))
+        # n1 fails over to b with the epoch a gave it: b knows it, and sends what changed
+        again = b.post_json(
+            "/v1/report",
+            {**report("n1", "10.0.0.1:1", **geometry), "members_epoch": one["members_epoch"]},
+        )[1]
+        assert again["members_delta"] == ["+10.0.0.2"]
+        assert again["plans"]["0123456789abcdef0123456789abcdef01234567"]["stripe"] == s1
+        # each coordinator's fleet view shows both nodes
+        assert sorted(n["node"] for n in a.fleet()["nodes"]) == ["n1", "n2"]
+        assert sorted(n["node"] for n in b.fleet()["nodes"]) == ["n1", "n2"]
