@@ -203,6 +203,8 @@ def fetch(
     from swarm.progress import JsonProgress, RichProgress, emit
 
     settings = config.load(catalog=catalog, endpoint_url=endpoint_url, coordinator=coordinator)
+    config.check_listen_ip(listen)
+    config.coordinator_urls(settings.coordinator)
     use_json = as_json or not sys.stderr.isatty()
     for src in sources:
         if src not in ("s3", "peers") and not re.fullmatch(r"udp://[^:/\s]+:\d{1,5}", src):
@@ -229,7 +231,11 @@ def fetch(
             JsonProgress() if use_json else RichProgress(),
         )
     else:
-        for flag, value in (("--concurrency", concurrency), ("--range-size", range_size)):
+        daemon_sized: tuple[tuple[str, int | None], ...] = (
+            ("--concurrency", concurrency),
+            ("--range-size", range_size),
+        )
+        for flag, value in daemon_sized:
             if value is not None:
                 raise click.BadParameter(
                     "applies to --no-daemon only (the daemon sizes its S3 reads itself)",
@@ -421,6 +427,8 @@ def daemon(
     gc.enable()
 
     settings = config.load(coordinator=coordinator)
+    config.check_listen_ip(listen)
+    config.coordinator_urls(settings.coordinator)
     install_redactor(settings.secret)
     asyncio.run(
         serve(
@@ -477,6 +485,7 @@ def status(coordinator: str | None, as_json: bool, watch: bool) -> None:
     settings = config.load(coordinator=coordinator)
     if not settings.coordinator:
         raise click.UsageError("no coordinator: pass --coordinator URL or set SWARM_COORDINATOR")
+    settings.coordinator = config.coordinator_urls(settings.coordinator)[0]
     from swarm.fleetauth import fleet_token
 
     token = fleet_token(settings.secret) if settings.secret else None
