@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import os
 import shutil
 import socket
@@ -22,8 +23,11 @@ from swarm.coordinator.fleet import parse_report
 from swarm.coordinator.origin import MemoryPlanState, StripePlanner
 from swarm.coordinator.tracker import decode_compact_peers
 from tests.integration.test_coordinator import FakeClock, Server, pid, report, serve
-from tests.servers import free_port
+from tests.servers import FaultProxy, Faults, free_port, wait_until
+from tests.swarmnet import SWARM, Swarm, done_event, get_json
 from tests.unit.test_coordinator_scale import HASH, MiB, plan, steps
+
+FETCH_TIMEOUT = 120
 
 redis = pytest.importorskip("redis")
 from swarm.coordinator.redisstore import RedisPeerStore, RedisPlanState  # noqa: E402
@@ -207,3 +211,72 @@ def test_two_coordinators_on_one_redis_serve_one_fleet(client: redis.Redis, tmp_
         # each coordinator's fleet view shows both nodes
         assert sorted(n["node"] for n in a.fleet()["nodes"]) == ["n1", "n2"]
         assert sorted(n["node"] for n in b.fleet()["nodes"]) == ["n1", "n2"]
+
+
+# -- real daemons, two coordinators, one killed ----------------------------------------------------
+
+
+def test_two_coordinators_on_redis_one_killed_mid_fetch(
+    redis_url: str, env: dict[str, str], artifact: Path, tmp_path: Path
+) -> None:
+    """Daemons given both coordinators (SWARM_COORDINATOR=A,B) fetch through a slow
+    origin; A is killed mid-fetch: every fetch completes and verifies, and B, which
+    shares A's state, has the whole fleet in its view."""
+    redis.Redis.from_url(redis_url).flushdb()
+    root = tmp_path / "fleet"
+    root.mkdir()
+    with Swarm(root, env) as fleet:
+        urls = []
+        for index in range(2):
+            port = free_port()
+            log = (root / f"coordinator{index}.log").open("ab")
+            fleet.processes.append(
+                subprocess.Popen(
+                    [SWARM, "coordinator", "--listen", f"127.0.0.1:{port}", "--store", redis_url],
+                    env=env,
+                    stdout=log,
+                    stderr=log,
+                )
+            )
+            log.close()
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            wait_until(lambda url=url: _healthy(url), 30, f"the coordinator at {url}")
+        first, survivor = fleet.processes[0], urls[1]
+        fleet.coordinator_url = ",".join(urls)  # what fleet.node() gives each node
+        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=6 * MiB)) as proxy:
+            nodes = [fleet.node(i) for i in range(3)]
+            for node in nodes:
+                node.env["AWS_ENDPOINT_URL"] = proxy.url
+            fetches = [(n, n.fetch("index.db", tmp_path / f"{n.name}.db")) for n in nodes]
+            wait_until(
+                lambda: (
+                    all(n.daemon_pid() for n in nodes)
+                    and all(a["have_bytes"] > 0 for n in nodes for a in n.status()["artifacts"])
+                ),
+                60,
+                "every node to make progress",
+            )
+            first.kill()
+            first.wait(10)
+            for node, process in fetches:
+                done_event(process, FETCH_TIMEOUT)
+                assert _sha256(tmp_path / f"{node.name}.db") == _sha256(artifact)
+
+        def all_complete_at_survivor() -> bool:
+            view = get_json(survivor + "/v1/fleet")
+            names = {n["node"] for n in view["nodes"] if n["artifacts"][0]["complete"]}
+            return len(names) >= 3
+
+        wait_until(all_complete_at_survivor, 30, "the surviving coordinator to see every node")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return bool(get_json(url + "/healthz")["ok"])
+    except OSError:
+        return False
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
