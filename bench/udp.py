@@ -1,8 +1,16 @@
-"""UDP transfer goodput vs a TCP transfer of the same bytes, on loopback and on a
-tbf-shaped link between network namespaces; CPU seconds per GB on each side.
+"""UDP transfer goodput vs TCP, on loopback and over an emulated WAN; CPU per GB.
 
-    sudo .venv/bin/python bench/udp.py                     # loopback + 500 Mbit netns link
-    .venv/bin/python bench/udp.py --no-netns --size-mb 256  # loopback only (no root)
+    sudo .venv/bin/python bench/udp.py                   # loopback + the two WAN cases
+    .venv/bin/python bench/udp.py --no-wan               # loopback only (no root)
+    sudo .venv/bin/python bench/udp.py --no-loopback --wan 100:0.005:0 --wan 20:0.01:0
+
+Loopback: UDP (the default block size: the largest datagram loopback's MTU allows) vs TCP
+``sendfile`` of the same file. WAN: two network namespaces joined by ``tools/wanem`` (a
+user-space netem: delay, random loss, a ``--link-mbit`` serializer with a 50 ms tail-drop
+queue, both ways; tests/wan.py) with GRO on both hosts. A case ``RTT_MS:LOSS:BLOCK`` runs
+one UDP transfer (``BLOCK`` payload bytes per datagram, 0 = the path MTU's 1434) and one
+TCP flow (CUBIC, default buffers, ``--tcp-seconds`` long) in the same invocation; the
+table gives each as a fraction of the link and UDP as a multiple of TCP.
 
 Each transfer runs as two processes (server, client), so both cores work as on two hosts.
 Every received piece is SHA-1-checked by the client in both methods (the daemon's sink
@@ -23,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +78,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 cpu0 = cpu_seconds()
             await asyncio.sleep(0.01)
         cpu = cpu_seconds() - (cpu0 or 0.0)
-        print(json.dumps({"server_cpu": cpu, "bytes_sent": server.bytes_sent}), flush=True)
+        result = {"server_cpu": cpu, "bytes_sent": server.bytes_sent, "gso": server.gso_active}
+        print(json.dumps(result), flush=True)
         await server.close()
 
     asyncio.run(main())
@@ -99,8 +109,8 @@ def cmd_fetch(args: argparse.Namespace) -> None:
             piece_size=args.piece_size,
             piece_count=len(hashes),
             rate_bps=int(args.rate_mbit * 1e6),
-            block_size=args.block_size,
-            timeout=300,
+            block_size=args.block_size or None,
+            timeout=600,
         )
     )
     seconds = time.monotonic() - started
@@ -116,6 +126,9 @@ def cmd_fetch(args: argparse.Namespace) -> None:
                 "duplicates": stats.duplicates,
                 "naks": stats.naks,
                 "datagrams": stats.datagrams,
+                "receives": stats.receives,
+                "gro": stats.gro,
+                "block": stats.block_size,
                 "final_rate_mbit": stats.sender_rate_bps / 1e6,
             }
         )
@@ -178,8 +191,8 @@ def one_run(
     server_cmd: list[str],
     client_cmd: list[str],
     env: dict[str, str],
-    server_prefix: list[str] = (),  # type: ignore[assignment]
-    client_prefix: list[str] = (),  # type: ignore[assignment]
+    server_prefix: Sequence[str] = (),
+    client_prefix: Sequence[str] = (),
 ) -> dict[str, Any]:
     server = subprocess.Popen(
         [*server_prefix, *server_cmd], env=env, stdout=subprocess.PIPE, text=True
@@ -195,7 +208,7 @@ def one_run(
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=900,
             check=False,
         )
         if done.returncode:
@@ -210,58 +223,133 @@ def one_run(
             server.wait()
 
 
-def bench_path(
-    name: str,
+def udp_run(
     path: Path,
     server_ip: str,
-    link_mbit: float | None,
-    blocks: list[int],
-    env: dict[str, str],
-    server_prefix: list[str],
-    client_prefix: list[str],
+    block: int,
     rate_mbit: float,
-) -> list[dict[str, Any]]:
+    env: dict[str, str],
+    server_prefix: Sequence[str] = (),
+    client_prefix: Sequence[str] = (),
+) -> dict[str, Any]:
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--file", str(path), "--host", server_ip]
-    rows = []
-    tcp = one_run(
-        [*me, "tcp-serve", *common, "--port", "0"],
-        [*me, "tcp-fetch", *common],
+    return one_run(
+        [*me, "serve", *common, "--port", "0", "--count", "1", "--cap-mbit", "100000"],
+        [*me, "fetch", *common, "--block-size", str(block), "--rate-mbit", str(rate_mbit)],
         env,
         server_prefix,
         client_prefix,
     )
-    rows.append({"path": name, "method": "TCP (sendfile)", "block": "-", **tcp})
-    for block in blocks:
-        udp = one_run(
-            [*me, "serve", *common, "--port", "0", "--count", "1", "--cap-mbit", "10000"],
-            [*me, "fetch", *common, "--block-size", str(block), "--rate-mbit", str(rate_mbit)],
-            env,
-            server_prefix,
-            client_prefix,
-        )
-        rows.append({"path": name, "method": "UDP (AES-GCM)", "block": block, **udp})
+
+
+def loopback_rows(path: Path, env: dict[str, str], args: argparse.Namespace) -> list[dict]:
+    me = [sys.executable, str(Path(__file__).resolve())]
+    common = ["--file", str(path), "--host", "127.0.0.1"]
+    tcp = one_run([*me, "tcp-serve", *common, "--port", "0"], [*me, "tcp-fetch", *common], env)
+    rows: list[dict[str, Any]] = [
+        {"path": "loopback", "method": "TCP (sendfile)", "block": "-", "link_mbit": None, **tcp}
+    ]
+    for block in args.loop_blocks:
+        udp = udp_run(path, "127.0.0.1", block, args.loop_rate_mbit, env)
+        rows.append({"path": "loopback", "method": "UDP", "link_mbit": None, **udp})
     for row in rows:
-        row["link_mbit"] = link_mbit
+        row["vs_tcp"] = row["goodput_mbit"] / tcp["goodput_mbit"]
+    return rows
+
+
+def parse_case(text: str) -> tuple[float, float, int]:
+    """``RTT_MS:LOSS:BLOCK`` (block 0: the path MTU's)."""
+    try:
+        rtt, loss, block = text.split(":")
+        return float(rtt), float(loss), int(block)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a WAN case is RTT_MS:LOSS:BLOCK, got {text!r}") from None
+
+
+def wan_rows(path: Path, env: dict[str, str], args: argparse.Namespace) -> list[dict]:
+    from tests import wan
+    from tests.netlab import Lab, lab_unavailable
+
+    reason = lab_unavailable() or wan.wanem_unavailable()
+    if reason:
+        print(f"WAN cases skipped: {reason}", file=sys.stderr)
+        return []
+    rows: list[dict[str, Any]] = []
+    mbit = args.link_mbit
+    with Lab("swudpb") as lab:
+        # The hosts' own links are 20x the WAN's: the emulator is the only bottleneck.
+        srv = lab.host("srv", up_mbit=20 * mbit, down_mbit=20 * mbit)
+        cli = lab.host("cli", up_mbit=20 * mbit, down_mbit=20 * mbit)
+        for host in (srv, cli):
+            wan.enable_gro(host)
+        link = wan.split_regions(lab, [cli], wan.Shape.path(rate_mbit=mbit))
+        for rtt, loss, block in args.wan:
+            shape = wan.Shape.path(rtt_ms=rtt, loss=loss, rate_mbit=mbit)
+            link.set(shape)
+            name = f"WAN {rtt:g} ms {100 * loss:g}% {mbit:g} Mbit"
+            before = link.stats()
+            udp = udp_run(
+                path, srv.ip, block, args.rate_mbit, env, srv.command([]), cli.command([])
+            )
+            after = link.stats()
+            lost = after["ab"]["lost"] - before["ab"]["lost"]
+            dropped = after["ab"]["dropped"] - before["ab"]["dropped"]
+            frames = after["ab"]["frames"] - before["ab"]["frames"]
+            tcp = wan.tcp_flow(srv, cli, seconds=args.tcp_seconds, algorithm="cubic")
+            tcp_row = {
+                "path": name,
+                "method": "TCP (1 CUBIC flow)",
+                "block": "-",
+                "goodput_mbit": tcp["mbit"],
+                "seconds": tcp["seconds"],
+                "bytes": tcp["bytes"],
+                "verified": "-",
+                "retrans": tcp["total_retrans"],
+            }
+            udp_row = {
+                "path": name,
+                "method": "UDP",
+                **udp,
+                "wan_frames": frames,
+                "wan_lost": lost,
+                "wan_dropped": dropped,
+            }
+            for row in (udp_row, tcp_row):
+                row["link_mbit"] = mbit
+                row["vs_tcp"] = row["goodput_mbit"] / tcp["mbit"]
+            rows += [udp_row, tcp_row]
+            print(table([udp_row, tcp_row]), file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| path | method | block B | goodput Mbit/s | % of link | vs TCP | "
-        "client CPU s/GB | server CPU s/GB | dup | verified |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| path | method | block B | goodput Mbit/s | of link | vs TCP | "
+        "client CPU s/GB | server CPU s/GB | datagrams/receive | GSO/GRO | dup | verified |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    tcp = {r["path"]: r["goodput_mbit"] for r in rows if r["method"].startswith("TCP")}
     for r in rows:
         gb = r["bytes"] / 1e9
-        link = f"{100 * r['goodput_mbit'] / r['link_mbit']:.0f}%" if r["link_mbit"] else "-"
+        link = f"{r['goodput_mbit'] / r['link_mbit']:.2f}x" if r.get("link_mbit") else "-"
+        cpu_c = f"{r['client_cpu'] / gb:.2f}" if "client_cpu" in r else "-"
+        cpu_s = f"{r['server_cpu'] / gb:.2f}" if "server_cpu" in r else "-"
+        batch = f"{r['datagrams'] / max(1, r['receives']):.1f}" if r.get("receives") else "-"
+        offload = (
+            f"{'on' if r['gso'] else 'off'}/{'on' if r['gro'] else 'off'}" if "gso" in r else "-"
+        )
         lines.append(
-            f"| {r['path']} | {r['method']} | {r['block']} | {r['goodput_mbit']:.0f} | {link} | "
-            f"{r['goodput_mbit'] / tcp[r['path']]:.2f}x | {r['client_cpu'] / gb:.2f} | "
-            f"{r['server_cpu'] / gb:.2f} | {r.get('duplicates', '-')} | {r['verified']} |"
+            f"| {r['path']} | {r['method']} | {r['block']} | {r['goodput_mbit']:.1f} | {link} | "
+            f"{r['vs_tcp']:.2f}x | {cpu_c} | {cpu_s} | {batch} | {offload} | "
+            f"{r.get('duplicates', '-')} | {r['verified']} |"
         )
     return "\n".join(lines)
+
+
+def write_file(path: Path, mib: int) -> None:
+    with path.open("wb") as f:
+        for _ in range(mib):
+            f.write(os.urandom(1 << 20))
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -269,36 +357,16 @@ def cmd_run(args: argparse.Namespace) -> None:
     env["PYTHONPATH"] = str(ROOT)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="swudp-bench-") as tmp:
-        path = Path(tmp) / "artifact.bin"
-        with path.open("wb") as f:
-            for _ in range(args.size_mb):
-                f.write(os.urandom(1 << 20))
         if not args.no_loopback:
-            rows += bench_path(
-                "loopback", path, "127.0.0.1", None, args.blocks, env, [], [], args.loop_rate_mbit
-            )
-        if not args.no_netns:
-            from tests.netlab import Lab, lab_unavailable
-
-            reason = lab_unavailable()
-            if reason:
-                print(f"netns skipped: {reason}", file=sys.stderr)
-            else:
-                with Lab("swudpb") as lab:
-                    mbit = args.link_mbit
-                    srv = lab.host("srv", up_mbit=mbit, down_mbit=10 * mbit)
-                    cli = lab.host("cli", up_mbit=10 * mbit, down_mbit=mbit)
-                    rows += bench_path(
-                        f"netns tbf {mbit:g} Mbit",
-                        path,
-                        srv.ip,
-                        mbit,
-                        args.blocks,
-                        env,
-                        srv.command([]),
-                        cli.command([]),
-                        args.rate_mbit,
-                    )
+            path = Path(tmp) / "loop.bin"
+            write_file(path, args.size_mb)
+            rows += loopback_rows(path, env, args)
+            path.unlink()
+            print(table(rows), file=sys.stderr, flush=True)
+        if not args.no_wan:
+            path = Path(tmp) / "wan.bin"
+            write_file(path, args.wan_size_mb)
+            rows += wan_rows(path, env, args)
     print(table(rows))
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -313,21 +381,33 @@ def main() -> None:
         sp.add_argument("--host", default="127.0.0.1")
         sp.add_argument("--port", type=int, default=7881)
         sp.add_argument("--piece-size", type=int, default=PIECE_SIZE)
-        sp.add_argument("--block-size", type=int, default=32768)
+        sp.add_argument("--block-size", type=int, default=0, help="0: the path MTU's")
         sp.add_argument("--rate-mbit", type=float, default=1000)
         sp.add_argument("--cap-mbit", type=float, default=10000)
         sp.add_argument("--count", type=int, default=0, help="exit after N sessions (0: never)")
-    parser.add_argument("--size-mb", type=int, default=256)
-    parser.add_argument("--link-mbit", type=float, default=500)
+    parser.add_argument("--size-mb", type=int, default=256, help="loopback file")
+    parser.add_argument("--wan-size-mb", type=int, default=512, help="WAN file")
+    parser.add_argument("--link-mbit", type=float, default=500, help="the WAN's rate")
     parser.add_argument(
-        "--rate-mbit", type=float, default=1000, help="UDP ask on the shaped link (the NIC)"
+        "--rate-mbit", type=float, default=1000, help="UDP ask on the WAN (the NIC)"
     )
-    parser.add_argument("--loop-rate-mbit", type=float, default=4000)
-    parser.add_argument("--blocks", type=int, nargs="+", default=[8192, 32768, 61440])
-    parser.add_argument("--no-netns", action="store_true")
+    parser.add_argument("--loop-rate-mbit", type=float, default=20000)
+    parser.add_argument(
+        "--loop-blocks", type=int, nargs="+", default=[0], help="0: the largest datagram"
+    )
+    parser.add_argument(
+        "--wan",
+        type=parse_case,
+        action="append",
+        help="RTT_MS:LOSS:BLOCK (repeatable; default 0:0:1400 and 100:0.005:0)",
+    )
+    parser.add_argument("--tcp-seconds", type=float, default=20.0, help="TCP flow on the WAN")
+    parser.add_argument("--no-wan", action="store_true")
     parser.add_argument("--no-loopback", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.cmd is None and not args.wan:
+        args.wan = [(0.0, 0.0, 1400), (100.0, 0.005, 0)]
     handlers = {
         "serve": cmd_serve,
         "fetch": cmd_fetch,

@@ -42,6 +42,9 @@ IP_MTU: Final = getattr(socket, "IP_MTU", 14)
 IPV6_MTU_DISCOVER: Final = getattr(socket, "IPV6_MTU_DISCOVER", 23)
 IPV6_PMTUDISC_DO: Final = getattr(socket, "IPV6_PMTUDISC_DO", 2)
 IPV6_MTU: Final = getattr(socket, "IPV6_MTU", 24)
+# Linux's values; Python's socket module has no names for them.
+SO_SNDBUFFORCE: Final = getattr(socket, "SO_SNDBUFFORCE", 32)
+SO_RCVBUFFORCE: Final = getattr(socket, "SO_RCVBUFFORCE", 33)
 
 GSO_MAX_SEGMENTS: Final = 64
 """Datagrams per GSO send: the kernel's UDP_MAX_SEGMENTS (64 until Linux 6.9, 128 since)."""
@@ -61,13 +64,10 @@ _INT: Final = struct.Struct("=i")
 
 
 def tune_buffers(sock: socket.socket, size: int = SOCKET_BUFFER) -> None:
-    for force, plain in (
-        (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
-        (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF),
-    ):
+    """Socket buffers of ``size`` bytes: forced past ``net.core.[rw]mem_max`` with
+    CAP_NET_ADMIN (root), else as much as those limits allow."""
+    for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
         try:
-            if force is None:
-                raise OSError
             sock.setsockopt(socket.SOL_SOCKET, force, size)
         except OSError:
             with contextlib.suppress(OSError):
