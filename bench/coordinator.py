@@ -62,6 +62,9 @@ PIECES = 2048
 PIECE_SIZE = 1 << 20
 ARTIFACT_SIZE = PIECES * PIECE_SIZE
 INFO_HASH = bytes.fromhex("c0ffee" * 6 + "c0ff")
+FAILOVER_WAIT = 0.25
+"""Seconds before a failed report goes to the next coordinator (the daemon's wait)."""
+
 FETCH_SECONDS = 120.0
 """A simulated node gains random pieces at a rate that completes the artifact in about
 this long (plus its stripe, which it "reads" by the next report)."""
@@ -107,6 +110,8 @@ class Coordinator:
     cpu: float | None = None
     """CPU seconds over the run, kept at kill time for a coordinator killed mid-run."""
     hwm: int = 0
+    handled: int = 0
+    """Reports and announces the coordinator counted (its /metrics), answered in time or not."""
 
 
 @contextlib.contextmanager
@@ -161,6 +166,22 @@ def coordinators(count: int, store: str | None, workdir: Path) -> Iterator[list[
             coordinator.process.wait(10)
 
 
+def handled(coordinator: Coordinator) -> int:
+    """Reports and announces the coordinator processed, from its Prometheus counters."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(coordinator.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("swarm_reports_total ", "swarm_announces_total{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
 def wait_healthy(coordinator: Coordinator) -> None:
     import urllib.request
 
@@ -195,6 +216,10 @@ class Stats:
     error_kinds: dict[str, int] = field(default_factory=dict)
     after_kill: list[float] = field(default_factory=list)
     """Latencies of reports answered after a coordinator was killed (from the kill)."""
+    orphans: int = 0
+    """Nodes reporting to the coordinator when it was killed."""
+    recovered: list[float] = field(default_factory=list)
+    """For each of them, seconds from the kill to its first answer from another one."""
 
     def error(self, kind: str) -> None:
         self.errors += 1
@@ -215,6 +240,8 @@ class SimNode:
         self.counters = {"peers": 0, "s3": 0, "udp": 0}
         self.stripe: list[int] = []
         self.members_epoch: Any = None
+        self.orphaned = False
+        """Its coordinator was killed and no other one has answered it yet."""
         self.track_members = True
         """An authenticated fleet's node keeps the member list (its peer filter)."""
         self.new_protocol = True
@@ -339,9 +366,11 @@ async def run_node(
         answered = await post_report(node, http, stats, timeout, killed)
         if answered is not None:
             interval = answered
-        # the next slot is one interval after this one; slots missed while this report
-        # waited for its reply are offered and not answered
-        slot = sent + interval
+            # the next slot is one interval after this one; slots missed while this
+            # report waited for its reply are offered and not answered
+            slot = sent + interval
+        else:  # as the daemon: the next coordinator of its list, soon
+            slot = loop.time() + min(interval, FAILOVER_WAIT)
         while slot < loop.time():
             stats.offered += 1
             slot += interval
@@ -385,6 +414,9 @@ async def post_report(
     stats.reply_bytes.append(len(raw))
     if killed and url not in killed:
         stats.after_kill.append(loop.time() - min(killed.values()))
+        if node.orphaned:
+            node.orphaned = False
+            stats.recovered.append(loop.time() - min(killed.values()))
     # the reply's member list or delta comes last (the coordinator splices it in): read
     # what a node acts on without decoding thousands of addresses, as a daemon's C
     # JSON parser would not be this machine's bottleneck either
@@ -461,14 +493,20 @@ async def drive(
             victim = running[0]
             victim.cpu = proc_cpu(victim.process.pid) - victim.cpu0
             victim.hwm = proc_hwm(victim.process.pid)
+            victim.handled = await asyncio.to_thread(handled, victim)
             victim.process.send_signal(signal.SIGKILL)
             killed[victim.url] = loop.time()
+            for node in nodes:
+                if node.url == victim.url and node.started:
+                    node.orphaned = True
+                    stats.orphans += 1
         await asyncio.gather(*tasks)
         wall = time.monotonic() - wall0
         for coordinator in running:
             if coordinator.cpu is None:
                 coordinator.cpu = proc_cpu(coordinator.process.pid) - coordinator.cpu0
                 coordinator.hwm = proc_hwm(coordinator.process.pid)
+                coordinator.handled = await asyncio.to_thread(handled, coordinator)
         return stats, wall, self_cpu() - cpu0
 
 
@@ -481,7 +519,7 @@ def pct(values: list[float], q: float) -> float:
 
 def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coordinator]) -> str:
     cores = " + ".join(f"{(c.cpu or 0) / wall:.2f}" for c in running)
-    requests = stats.answered + len(stats.announce_latencies)
+    requests = sum(c.handled for c in running) or stats.answered + len(stats.announce_latencies)
     per_request = sum(c.cpu or 0 for c in running) / max(1, requests) * 1000
     rss = " + ".join(f"{c.hwm >> 20}" for c in running)
     tail = stats.intervals[-max(1, len(stats.intervals) // 10) :]
@@ -551,10 +589,13 @@ def main() -> None:
                 running = stack.enter_context(coordinators(args.coordinators, store, workdir))
                 stats, wall, own = asyncio.run(drive(count, running, args))
             print(row(count, stats, wall, own, running), flush=True)
-            if stats.after_kill:
+            if stats.orphans:
+                slowest = max(stats.recovered, default=float("nan"))
                 print(
-                    f"#   after the kill: {len(stats.after_kill):,} reports answered by the "
-                    f"survivor, the first {min(stats.after_kill):.2f} s after it",
+                    f"#   killed coordinator had {stats.orphans:,} nodes: "
+                    f"{len(stats.recovered):,} answered by the survivor, the last "
+                    f"{slowest:.2f} s after the kill (p99 {pct(stats.recovered, 99):.2f} s); "
+                    f"{len(stats.after_kill):,} reports answered after the kill",
                     flush=True,
                 )
 

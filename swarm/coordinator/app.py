@@ -59,7 +59,7 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -126,6 +126,35 @@ only when the fleet's size has really changed."""
 
 MAX_PLANS: Final = 64
 """Plans in one reply (one per reported artifact with a bitfield, in report order)."""
+
+
+LAG_HIGH: Final = 0.05
+"""Event-loop lag (seconds, an EMA) above which the coordinator is behind: it lengthens
+the report interval (:func:`govern`). A loop that runs a 0.25 s timer 50 ms late has a
+queue of requests at least that deep."""
+
+LAG_LOW: Final = 0.01
+"""Lag below which the coordinator has room again: the interval shortens."""
+
+MAX_LOAD_FACTOR: Final = 8.0
+"""Most the load governor stretches the budget's interval (still within
+``MAX_REPORT_INTERVAL``)."""
+
+LAG_PERIOD: Final = 0.25
+"""Seconds between event-loop lag probes."""
+
+
+def govern(factor: float, lag: float) -> float:
+    """The next stretch of the report interval from the event loop's lag: x1.5 while the
+    loop lags more than ``LAG_HIGH`` (the budget is more than this process gets: a busy
+    or shared machine), /1.1 while it lags less than ``LAG_LOW``, within [1,
+    ``MAX_LOAD_FACTOR``]. Faster up than down (AIMD-like): a node hears a new interval
+    only at its next report, so the load answers a change one interval later."""
+    if lag > LAG_HIGH:
+        return min(MAX_LOAD_FACTOR, factor * 1.5)
+    if lag < LAG_LOW:
+        return max(1.0, factor / 1.1)
+    return factor
 
 
 def report_interval(nodes: int, budget: float, coordinators: int = 1) -> float:
@@ -212,6 +241,15 @@ class _StoreCollector(Collector):
         )
 
 
+@dataclass
+class _Load:
+    """The load governor's state: the interval stretch and the lag it follows."""
+
+    factor: float = 1.0
+    lag: float = 0.0
+    decided_at: float = 0.0
+
+
 STORE: Final = web.AppKey("store", PeerStore)
 HISTORY: Final = web.AppKey("history", History)
 METRICS: Final = web.AppKey("metrics", _Metrics)
@@ -220,6 +258,7 @@ INTERVAL: Final = web.AppKey("interval", int)
 PLANNER: Final = web.AppKey("planner", StripePlanner)
 TOKEN: Final = web.AppKey("token", str)
 BUDGET: Final = web.AppKey("budget", float)
+LOAD: Final = web.AppKey("load", _Load)
 
 OPEN_PATHS: Final = frozenset({"/", "/healthz"})
 """Paths served without the fleet token: the status page shell (its data comes from the
@@ -258,6 +297,7 @@ def make_app(
     planner: StripePlanner | None = None,
     token: str | None = None,
     report_budget: float = REPORT_BUDGET,
+    load_control: bool = False,
 ) -> web.Application:
     """Build the coordinator application.
 
@@ -273,6 +313,9 @@ def make_app(
             reports, the fleet view and metrics answer 403 without it.
         report_budget: reports per second this coordinator asks the fleet for
             (:func:`report_interval`).
+        load_control: stretch the interval while the event loop lags (:func:`govern`):
+            the process gets less CPU than the budget assumes. ``run`` turns it on;
+            off, the interval depends on the fleet's size alone (tests).
 
     Raises:
         UsageError: ``interval``, ``expiry_period`` or ``report_budget`` is not positive.
@@ -299,13 +342,14 @@ def make_app(
     app[INTERVAL] = int(interval)
     app[PLANNER] = planner or StripePlanner()
     app[BUDGET] = float(report_budget)
+    app[LOAD] = _Load()
     app.router.add_get("/announce", _announce)
     app.router.add_post("/v1/report", _report)
     app.router.add_get("/v1/fleet", _fleet)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     page.add_routes(app)
-    app.cleanup_ctx.append(_background(expiry_period))
+    app.cleanup_ctx.append(_background(expiry_period, load_control))
     return app
 
 
@@ -348,7 +392,14 @@ def run(
         store = RedisPeerStore(client, peer_ttl=PEER_TTL_INTERVALS * ANNOUNCE_INTERVAL)
         planner = StripePlanner(state=RedisPlanState(client))
         budget = REDIS_REPORT_BUDGET if report_budget is None else report_budget
-    app = make_app(store, db_path=db_path, token=token, planner=planner, report_budget=budget)
+    app = make_app(
+        store,
+        db_path=db_path,
+        token=token,
+        planner=planner,
+        report_budget=budget,
+        load_control=True,
+    )
     try:
         # No access log: a fleet of N nodes reports N times a second.
         web.run_app(app, host=host, port=port, access_log=None, print=None)
@@ -442,7 +493,7 @@ async def _report(request: web.Request) -> web.Response:
         report = replace(report, addr=f"{_remote_ip(request)}:{port}")
     interval = REPORT_INTERVAL
     try:
-        interval = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
+        interval = _interval(app, now)
         ttl = max(REPORT_TTL, REPORT_TTL_INTERVALS * interval)
         completions = store.report(report, now, ttl)
         plans, rates = _plan_origin(planner, report, now, interval)
@@ -538,13 +589,10 @@ async def _fleet(request: web.Request) -> web.Response:
             rates = planner.rates(node["node"], item["info_hash"])
             item["rates"] = {k: round(v, 1) for k, v in rates.down.items()} if rates else {}
             item["mode"] = planner.mode(node["node"], item["info_hash"])
-    store = app[STORE]
     body = {
         "time": now,
         "interval": app[INTERVAL],
-        "report_interval": report_interval(
-            store.node_count(now), app[BUDGET], store.coordinators(now)
-        ),
+        "report_interval": _interval(app, now),
         **snapshot,
         "history": history,
     }
@@ -574,19 +622,45 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def _background(
-    expiry_period: float,
+    expiry_period: float, load_control: bool
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def context(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(_expire_forever(app, expiry_period))
+        tasks = [asyncio.create_task(_expire_forever(app, expiry_period))]
+        if load_control:
+            tasks.append(asyncio.create_task(_watch_lag(app[LOAD])))
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             app[HISTORY].close()
 
     return context
+
+
+def _interval(app: web.Application, now: float) -> float:
+    store = app[STORE]
+    base = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
+    stretched = math.ceil(base * app[LOAD].factor / INTERVAL_STEP) * INTERVAL_STEP
+    return min(MAX_REPORT_INTERVAL, max(base, stretched))
+
+
+async def _watch_lag(load: _Load) -> None:
+    """Probe the event loop's lag every ``LAG_PERIOD`` s (an EMA of how late a timer
+    fires) and let :func:`govern` stretch the interval once a second."""
+    loop = asyncio.get_running_loop()
+    while True:
+        expected = loop.time() + LAG_PERIOD
+        await asyncio.sleep(LAG_PERIOD)
+        now = loop.time()
+        load.lag += 0.3 * (max(0.0, now - expected) - load.lag)
+        if now - load.decided_at >= 1.0:
+            factor = govern(load.factor, load.lag)
+            if factor != load.factor:
+                log.info("event loop lags %.0f ms: report interval x%.2f", load.lag * 1e3, factor)
+            load.factor, load.decided_at = factor, now
 
 
 async def _expire_forever(app: web.Application, period: float) -> None:

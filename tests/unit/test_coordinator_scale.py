@@ -274,3 +274,19 @@ def test_report_interval_follows_the_budget() -> None:
     assert report_interval(5000, 2000) == 2.5
     assert report_interval(5000, 2000, coordinators=2) == 1.5
     assert report_interval(10**6, 2000) == 15.0
+
+
+def test_the_load_governor_stretches_fast_and_shrinks_slowly() -> None:
+    from swarm.coordinator.app import LAG_HIGH, LAG_LOW, MAX_LOAD_FACTOR, govern
+
+    factor = 1.0
+    for _ in range(3):  # a loop 50+ ms late for three seconds: x1.5 each second
+        factor = govern(factor, LAG_HIGH * 2)
+    assert factor == pytest.approx(3.375)
+    assert govern(factor, (LAG_HIGH + LAG_LOW) / 2) == factor  # in between: hold
+    for _ in range(100):
+        factor = govern(factor, 0.0)
+    assert factor == 1.0
+    for _ in range(100):
+        factor = govern(factor, 1.0)
+    assert factor == MAX_LOAD_FACTOR
