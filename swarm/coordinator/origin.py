@@ -95,17 +95,28 @@ def bits(blob: bytes, count: int) -> int:
     return int(format(value, f"0{count}b")[::-1], 2) if count else 0
 
 
+_BYTE_BITS: Final = tuple(tuple(i for i in range(8) if byte >> i & 1) for byte in range(256))
+
+
 def set_bits(value: int) -> list[int]:
-    """Indices of the set bits of ``value``, ascending."""
-    if value.bit_count() <= 32:
+    """Indices of the set bits of ``value``, ascending. A few bits: peeled one at a time;
+    more: a byte at a time through a table (a report that brings a hundred pieces
+    costs microseconds, not a pass over every piece)."""
+    if value.bit_count() <= 16:
         out = []
         while value:
             low = value & -value
             out.append(low.bit_length() - 1)
             value ^= low
         return out
-    text = format(value, "b")[::-1]
-    return [i for i, c in enumerate(text) if c == "1"]
+    data = value.to_bytes((value.bit_length() + 7) // 8, "little")
+    out = []
+    for index, byte in enumerate(data):
+        if byte:
+            base = index * 8
+            for bit in _BYTE_BITS[byte]:
+                out.append(base + bit)
+    return out
 
 
 def lowest_bits(value: int, limit: int) -> list[int]:

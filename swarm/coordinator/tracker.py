@@ -9,6 +9,7 @@ client raises :class:`RemoteProtocolError`, whose message is safe to send back a
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -134,10 +135,12 @@ def parse_announce(query: bytes | str) -> Announce:
     )
 
 
+@functools.lru_cache(maxsize=65536)
 def normalize_ip(address: str) -> str:
     """Canonical text form of an IP address; IPv4-mapped IPv6 (``::ffff:a.b.c.d``, what a
     dual-stack listener reports for an IPv4 client) becomes plain IPv4 so it packs into
-    a 6-byte compact entry.
+    a 6-byte compact entry. Cached: a fleet's addresses repeat every report and announce
+    (``ipaddress`` took 6% of a coordinator's time at 1,000 nodes).
 
     Raises:
         ValueError: ``address`` is not an IP literal.
@@ -170,9 +173,8 @@ def encode_response(
     if compact:
         v4, v6 = bytearray(), bytearray()
         for peer in peers:
-            address = ipaddress.ip_address(peer.ip)
-            entry = address.packed + peer.port.to_bytes(2, "big")
-            (v4 if address.version == 4 else v6).extend(entry)
+            packed = _packed(peer.ip)
+            (v4 if len(packed) == 4 else v6).extend(packed + peer.port.to_bytes(2, "big"))
         reply[b"peers"] = bytes(v4)
         if v6:
             reply[b"peers6"] = bytes(v6)
@@ -182,6 +184,11 @@ def encode_response(
             for peer in peers
         ]
     return fastbencode.bencode(reply)
+
+
+@functools.lru_cache(maxsize=65536)
+def _packed(ip: str) -> bytes:
+    return ipaddress.ip_address(ip).packed
 
 
 def encode_failure(reason: str) -> bytes:
