@@ -79,6 +79,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.01)
         cpu = cpu_seconds() - (cpu0 or 0.0)
         result = {"server_cpu": cpu, "bytes_sent": server.bytes_sent, "gso": server.gso_active}
+        if server.finished:
+            stats = server.finished[-1]
+            result["retransmits"] = stats.retransmits
+            result["rate_changes"] = [(round(t, 3), round(r / 1e6)) for t, r in stats.rate_changes]
         print(json.dumps(result), flush=True)
         await server.close()
 

@@ -147,25 +147,29 @@ class _Fetch:
             return
         self.handle_events()
 
-    def on_readable(self) -> None:
+    def on_readable(self, budget: int = RECV_BUDGET) -> bool:
+        """Feed the machine up to ``budget`` receives; True if the socket is now empty."""
         data, session = self.data, self.session
         if data is None or self.error is not None:
-            return
+            return True
         before = session.stats.bytes
+        empty = False
         try:
-            for _ in range(RECV_BUDGET):
+            for _ in range(budget):
                 received = data.receive()
                 if received is None:
+                    empty = True
                     break
                 view, size, segment, _ = received
                 if size:
                     session.receive_batch(view, size, segment)
         except p.RemoteProtocolError as error:
             self.fail(UdpError(f"the UDP server sent a bad block: {error}"))
-            return
+            return True
         if session.stats.bytes != before:
             self.last_block = time.monotonic()
         self.handle_events()
+        return empty
 
     async def read_loop(self, reader: asyncio.StreamReader) -> None:
         loop = asyncio.get_running_loop()
@@ -185,6 +189,12 @@ class _Fetch:
         loop = asyncio.get_running_loop()
         session = self.session
         while not session.done:
+            # Everything that arrived before a REPORT is decided counts: a block still in
+            # the socket buffer must not be NAKed as lost (the control channel's PROGRESS
+            # may be read before datagrams that preceded it on the wire).
+            for _ in range(64):
+                if self.on_readable():
+                    break
             now = loop.time()
             for datagram in session.handle_timer(now):
                 if self.data is not None:

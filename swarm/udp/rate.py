@@ -25,7 +25,7 @@ START_FRACTION: Final = 0.125
 """The first rate is this fraction of the target, then doubles per clean report until the
 first cut. Tsunami starts at the target; starting lower keeps a blast far above the
 bottleneck from filling its queue (and every other flow's) before the first report."""
-BURST_SECONDS: Final = 0.004
+BURST_SECONDS: Final = 0.02
 """Token-bucket depth of the pacer in seconds at the current rate (at least 2 datagrams):
 an event loop wakes every ~1 ms, so 4 ms of tokens absorbs a late wake without bursting
 past a tbf bucket (netlab's 500 Mbit bucket holds ~4 ms)."""

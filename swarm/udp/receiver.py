@@ -183,6 +183,10 @@ class ClientSession:
         """Missing ordinals to NAK -> when (0.0: at the next report)."""
         self._nak_order: deque[tuple[int, int]] = deque()
         self._nak_id: dict[int, int] = {}
+        """Outstanding ordinal -> the id of its latest NAK."""
+        self._nak_first: dict[int, int] = {}
+        """Outstanding ordinal -> the id of its first NAK: a retransmission that arrives
+        answers that one at least (if the ordinal was NAKed again, maybe not the latest)."""
         self._nak_at: dict[int, int] = {}
         """Outstanding ordinal -> the stamp (``echo``) of the report that last NAKed it."""
         self._next_nak_id = 0
@@ -425,7 +429,8 @@ class ClientSession:
                 self._next_report = 0.0
             if outstanding and outstanding.pop(ordinal, None) is not None:
                 self._nak_at.pop(ordinal, None)
-                nak_id = self._nak_id.pop(ordinal, None)
+                self._nak_id.pop(ordinal, None)
+                nak_id = self._nak_first.pop(ordinal, None)
                 if nak_id is not None and flags & FLAG_RETRANSMIT:
                     self._lost_before(nak_id - REORDER_SLACK)
             if not flags & FLAG_RETRANSMIT and ordinal > first_high:
@@ -506,7 +511,8 @@ class ClientSession:
         self._have[ordinal] = 1
         if self._outstanding.pop(ordinal, None) is not None:
             self._nak_at.pop(ordinal, None)
-            nak_id = self._nak_id.pop(ordinal, None)
+            self._nak_id.pop(ordinal, None)
+            nak_id = self._nak_first.pop(ordinal, None)
             if nak_id is not None and flags & FLAG_RETRANSMIT:
                 self._lost_before(nak_id - REORDER_SLACK)
         if not flags & FLAG_RETRANSMIT and ordinal > self._first_high:
@@ -519,7 +525,8 @@ class ClientSession:
             self._side.pending.append(PieceReceived(plan.pieces[pos], piece))
 
     def _lost_before(self, nak_id: int) -> None:
-        """NAKs are served in order: those before ``nak_id`` still missing were lost again."""
+        """NAKs are served in order: those before ``nak_id`` still missing were lost again
+        (unless NAKed again since: the later NAK's retransmission may still come)."""
         order = self._nak_order
         while order and order[0][0] < nak_id:
             old_id, ordinal = order.popleft()
@@ -622,6 +629,7 @@ class ClientSession:
         for ordinal in naks:
             self._outstanding[ordinal] = now + RENAK_TIMEOUT
             self._nak_id[ordinal] = self._next_nak_id
+            self._nak_first.setdefault(ordinal, self._next_nak_id)
             self._nak_order.append((self._next_nak_id, ordinal))
             self._nak_at[ordinal] = echo
             self._next_nak_id += 1

@@ -371,6 +371,8 @@ class UdpServer:
         self.auth_failures = 0
         self.refused = 0
         self.rejected_busy = 0
+        self.finished: deque[p.SenderStats] = deque(maxlen=16)
+        """The sender stats of the last sessions that ended (newest last)."""
 
     @property
     def sessions_active(self) -> int:
@@ -451,6 +453,8 @@ class UdpServer:
             self._tasks.discard(task)  # type: ignore[arg-type]
 
     def _forget(self, conn: _Conn) -> None:
+        if conn.session.stats.datagrams:
+            self.finished.append(conn.session.stats)
         self._conns.discard(conn)
         self._sending.discard(conn)
         if conn.session.session_id:
