@@ -94,6 +94,9 @@ def dependency_wheels(python_version: str) -> Path:
     (partial / ".complete").touch()
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
+    for stale in CACHE.glob(f"cp{tag}-{arch}-*"):  # wheels of pins that changed since
+        if stale != target and (stale / ".complete").exists():
+            shutil.rmtree(stale, ignore_errors=True)
     return target
 
 
