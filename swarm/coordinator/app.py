@@ -59,9 +59,10 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -76,6 +77,8 @@ from swarm.coordinator.fleet import (
     REPORT_INTERVAL,
     REPORT_TTL,
     REPORT_TTL_INTERVALS,
+    Completion,
+    Members,
     MemoryPeerStore,
     NodeReport,
     PeerStore,
@@ -87,6 +90,7 @@ from swarm.coordinator.fleet import (
 from swarm.coordinator.history import History
 from swarm.coordinator.origin import GeometryError, NodeRates, StripePlanner, bits, spare_upload
 from swarm.coordinator.tracker import (
+    Announce,
     RemoteProtocolError,
     encode_failure,
     encode_response,
@@ -259,6 +263,11 @@ PLANNER: Final = web.AppKey("planner", StripePlanner)
 TOKEN: Final = web.AppKey("token", str)
 BUDGET: Final = web.AppKey("budget", float)
 LOAD: Final = web.AppKey("load", _Load)
+POOL: Final = web.AppKey("pool", ThreadPoolExecutor | None)
+
+WORKERS: Final = 16
+"""Worker threads for a store that does round trips (Redis): requests overlap their
+waits; Redis runs each script atomically anyway."""
 
 OPEN_PATHS: Final = frozenset({"/", "/healthz"})
 """Paths served without the fleet token: the status page shell (its data comes from the
@@ -298,6 +307,7 @@ def make_app(
     token: str | None = None,
     report_budget: float = REPORT_BUDGET,
     load_control: bool = False,
+    workers: int = 0,
 ) -> web.Application:
     """Build the coordinator application.
 
@@ -313,6 +323,8 @@ def make_app(
             reports, the fleet view and metrics answer 403 without it.
         report_budget: reports per second this coordinator asks the fleet for
             (:func:`report_interval`).
+        workers: threads that run the store's and planner's work (0: on the event loop,
+            right for the in-memory store; ``WORKERS`` for Redis, see :func:`_offload`).
         load_control: stretch the interval while the event loop lags (:func:`govern`):
             the process gets less CPU than the budget assumes. ``run`` turns it on;
             off, the interval depends on the fleet's size alone (tests).
@@ -343,6 +355,7 @@ def make_app(
     app[PLANNER] = planner or StripePlanner()
     app[BUDGET] = float(report_budget)
     app[LOAD] = _Load()
+    app[POOL] = ThreadPoolExecutor(workers, thread_name_prefix="store") if workers else None
     app.router.add_get("/announce", _announce)
     app.router.add_post("/v1/report", _report)
     app.router.add_get("/v1/fleet", _fleet)
@@ -399,6 +412,7 @@ def run(
         planner=planner,
         report_budget=budget,
         load_control=True,
+        workers=WORKERS if store_url else 0,
     )
     try:
         # No access log: a fleet of N nodes reports N times a second.
@@ -443,10 +457,7 @@ async def _announce(request: web.Request) -> web.Response:
         return _bencoded(encode_failure(str(error)))
     try:
         now = app[CLOCK]()
-        store = app[STORE]
-        peers = store.announce(announce, ip, now)
-        complete, incomplete = store.counts(announce.info_hash, now)
-        body = encode_response(app[INTERVAL], peers, complete, incomplete, announce.compact)
+        body = await _offload(app, _handle_announce, app, announce, ip, now)
     except StoreFull as error:
         metrics.refused.labels(kind="announce").inc()
         log.warning("announce from %s refused: %s", request.remote, error)
@@ -461,6 +472,13 @@ async def _announce(request: web.Request) -> web.Response:
     return _bencoded(body)
 
 
+def _handle_announce(app: web.Application, announce: Announce, ip: str, now: float) -> bytes:
+    store = app[STORE]
+    peers = store.announce(announce, ip, now)
+    complete, incomplete = store.counts(announce.info_hash, now)
+    return encode_response(app[INTERVAL], peers, complete, incomplete, announce.compact)
+
+
 def _remote_ip(request: web.Request) -> str:
     try:
         return normalize_ip(request.remote or "")
@@ -473,55 +491,43 @@ def _remote_ip(request: web.Request) -> str:
 async def _report(request: web.Request) -> web.Response:
     app = request.app
     metrics = app[METRICS]
-    planner = app[PLANNER]
-    store = app[STORE]
     try:
         payload = json.loads(await request.read())
         report = parse_report(payload)
-        for item in report.artifacts:
-            if item.pieces is not None:
-                planner.check(item.info_hash, item.piece_size or 0, item.piece_count or 0)
     except (ValueError, RecursionError) as error:  # bad JSON (or nested too deep), ReportError
         metrics.report_failures.inc()
-        known = isinstance(error, ReportError | GeometryError)
-        reason = str(error) if known else f"body is not JSON: {error}"
+        reason = str(error) if isinstance(error, ReportError) else f"body is not JSON: {error}"
         return web.json_response({"ok": False, "error": reason}, status=400)
     now = app[CLOCK]()
     if report.addr.rpartition(":")[0].strip("[]") in _UNSPECIFIED:
         # A daemon listening on 0.0.0.0 cannot tell its own address; we can.
         port = report.addr.rpartition(":")[2]
         report = replace(report, addr=f"{_remote_ip(request)}:{port}")
-    interval = REPORT_INTERVAL
-    try:
-        interval = _interval(app, now)
-        ttl = max(REPORT_TTL, REPORT_TTL_INTERVALS * interval)
-        completions = store.report(report, now, ttl)
-        plans, rates = _plan_origin(planner, report, now, interval)
-        store.set_spare(report.addr, spare_upload(rates))
-    except StoreFull as error:
+    outcome = await _offload(app, _handle_report, app, report, payload, now)
+    if isinstance(outcome.error, GeometryError):
+        metrics.report_failures.inc()
+        return web.json_response({"ok": False, "error": str(outcome.error)}, status=400)
+    if isinstance(outcome.error, StoreFull):
         metrics.refused.labels(kind="report").inc()
-        log.warning("report from %s (%s) refused: %s", report.node, request.remote, error)
-        return _unavailable(f"coordinator is full ({error}); retry later", interval)
-    except Exception as error:
+        log.warning("report from %s (%s) refused: %s", report.node, request.remote, outcome.error)
+        return _unavailable(f"coordinator is full ({outcome.error}); retry later", outcome.interval)
+    if outcome.error is not None:
         # a shared store (Redis) that does not answer: the node decides alone meanwhile
-        log.exception("report from %s (%s) failed", report.node, request.remote)
-        return _unavailable(f"coordinator cannot serve reports now ({error})", interval)
+        log.error("report from %s (%s) failed: %r", report.node, request.remote, outcome.error)
+        return _unavailable(
+            f"coordinator cannot serve reports now ({outcome.error})", outcome.interval
+        )
     metrics.reports.inc()
-    for completion in completions:
+    for completion in outcome.completions:
         try:
             if app[HISTORY].record(completion):
                 metrics.completions.inc()
         except Exception:
             # History is a record, not a dependency: a full disk must not refuse reports.
             log.exception("cannot record completion of %s by %s", completion.name, completion.node)
-    reply: dict[str, object] = {"ok": True, "interval": interval, "plans": plans}
-    if payload.get("want_members") is False:  # an open fleet's node filters no peers
-        return web.json_response(reply)
-    legacy = "members_epoch" not in payload
-    try:
-        members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
-    except Exception:
-        log.exception("membership for %s failed; it keeps the list it has", report.node)
+    reply: dict[str, object] = {"ok": True, "interval": outcome.interval, "plans": outcome.plans}
+    members = outcome.members
+    if members is None:
         return web.json_response(reply)
     reply["members_epoch"] = members.epoch
     head = json.dumps(reply)
@@ -532,6 +538,57 @@ async def _report(request: web.Request) -> web.Response:
     elif members.delta is not None:
         tail = ', "members_delta": ' + members.delta
     return web.Response(text=head[:-1] + tail + "}", content_type="application/json")
+
+
+@dataclass
+class _Outcome:
+    interval: float = REPORT_INTERVAL
+    completions: list[Completion] = field(default_factory=list)
+    plans: dict[str, object] = field(default_factory=dict)
+    members: Members | None = None
+    error: Exception | None = None
+
+
+def _handle_report(
+    app: web.Application, report: NodeReport, payload: dict[str, object], now: float
+) -> _Outcome:
+    """Everything a report does to the store and the planner (synchronous: with a Redis
+    store it runs in a worker thread, see :func:`_offload`)."""
+    store, planner = app[STORE], app[PLANNER]
+    outcome = _Outcome()
+    try:
+        for item in report.artifacts:
+            if item.pieces is not None:
+                planner.check(item.info_hash, item.piece_size or 0, item.piece_count or 0)
+        outcome.interval = _interval(app, now)
+        ttl = max(REPORT_TTL, REPORT_TTL_INTERVALS * outcome.interval)
+        outcome.completions = store.report(report, now, ttl)
+        outcome.plans, rates = _plan_origin(planner, report, now, outcome.interval)
+        store.set_spare(report.addr, spare_upload(rates))
+    except Exception as error:  # StoreFull, GeometryError, a store that does not answer
+        outcome.error = error
+        return outcome
+    if payload.get("want_members") is False:  # an open fleet's node filters no peers
+        return outcome
+    legacy = "members_epoch" not in payload
+    try:
+        outcome.members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
+    except Exception:
+        log.exception("membership for %s failed; it keeps the list it has", report.node)
+    return outcome
+
+
+_T = TypeVar("_T")
+
+
+async def _offload(app: web.Application, fn: Callable[..., _T], *args: object) -> _T:
+    """Run ``fn`` on the event loop (an in-memory store: microseconds), or in the app's
+    worker threads when the store does network round trips (Redis), so that one
+    request's wait for Redis does not hold up every other request."""
+    pool = app[POOL]
+    if pool is None:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 _UNSPECIFIED: Final = {"0.0.0.0", "::"}
@@ -577,7 +634,7 @@ def _plan_origin(
 async def _fleet(request: web.Request) -> web.Response:
     app = request.app
     now = app[CLOCK]()
-    snapshot = app[STORE].snapshot(now)
+    snapshot = await _offload(app, app[STORE].snapshot, now)
     history = app[HISTORY].counts()
     planner = app[PLANNER]
     for artifact in snapshot["artifacts"]:  # type: ignore[union-attr]
@@ -635,6 +692,9 @@ def _background(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            pool = app[POOL]
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
             app[HISTORY].close()
 
     return context
@@ -663,13 +723,18 @@ async def _watch_lag(load: _Load) -> None:
             load.factor, load.decided_at = factor, now
 
 
+def _sweep(app: web.Application) -> tuple[int, int]:
+    peers, nodes = app[STORE].expire(app[CLOCK]())
+    app[PLANNER].forget(app[STORE].departed())
+    return peers, nodes
+
+
 async def _expire_forever(app: web.Application, period: float) -> None:
     metrics = app[METRICS]
     while True:
         await asyncio.sleep(period)
         try:
-            peers, nodes = app[STORE].expire(app[CLOCK]())
-            app[PLANNER].forget(app[STORE].departed())
+            peers, nodes = await _offload(app, _sweep, app)
         except Exception:
             log.exception("expiry sweep failed; retrying in %ss", period)
             continue

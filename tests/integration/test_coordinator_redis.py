@@ -176,7 +176,7 @@ def test_redis_nodes_membership_and_caps(client: redis.Redis) -> None:
 def shared_app(client: redis.Redis, clock: FakeClock, name: str, tmp_path: Path):
     store = RedisPeerStore(client, name=name)
     planner = StripePlanner(state=RedisPlanState(client))
-    return make_app(store, clock=clock, planner=planner, db_path=tmp_path / f"{name}.db")
+    return make_app(store, clock=clock, planner=planner, db_path=tmp_path / f"{name}.db", workers=4)
 
 
 def test_two_coordinators_on_one_redis_serve_one_fleet(client: redis.Redis, tmp_path: Path) -> None:
