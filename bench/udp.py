@@ -73,10 +73,20 @@ def cmd_serve(args: argparse.Namespace) -> None:
         await server.start()
         print(f"serving {server.port}", flush=True)
         cpu0 = None
+        trace: list[tuple[float, ...]] = []
+        started = time.monotonic()
         while args.count == 0 or server.sessions_total < args.count or server.sessions_active:
             if cpu0 is None and server.sessions_total:
                 cpu0 = cpu_seconds()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01 if not args.trace else 0.05)
+            for conn in list(server._conns) if args.trace else ():
+                s = conn.session
+                trace.append(
+                    (round(time.monotonic() - started, 3), s.stats.datagrams, s.stats.retransmits,
+                     round(s.rate / 1e6), int(s._blocked), len(s._retx), len(conn.backlog))
+                )  # fmt: skip
+        if args.trace:
+            args.trace.write_text(json.dumps(trace))
         cpu = cpu_seconds() - (cpu0 or 0.0)
         result = {"server_cpu": cpu, "bytes_sent": server.bytes_sent, "gso": server.gso_active}
         if server.finished:
@@ -102,6 +112,11 @@ def cmd_fetch(args: argparse.Namespace) -> None:
     size = args.file.stat().st_size
     cpu0 = cpu_seconds()
     started = time.monotonic()
+    trace: list[tuple[float, int, int, int]] = []
+
+    def progress(s: Any) -> None:
+        trace.append((round(time.monotonic() - started, 3), s.datagrams, s.naks, s.duplicates))
+
     stats = asyncio.run(
         fetch_pieces(
             args.host,
@@ -115,8 +130,11 @@ def cmd_fetch(args: argparse.Namespace) -> None:
             rate_bps=int(args.rate_mbit * 1e6),
             block_size=args.block_size or None,
             timeout=600,
+            progress=progress if args.trace else None,
         )
     )
+    if args.trace:
+        args.trace.write_text(json.dumps(trace))
     seconds = time.monotonic() - started
     print(
         json.dumps(
@@ -389,6 +407,7 @@ def main() -> None:
         sp.add_argument("--rate-mbit", type=float, default=1000)
         sp.add_argument("--cap-mbit", type=float, default=10000)
         sp.add_argument("--count", type=int, default=0, help="exit after N sessions (0: never)")
+        sp.add_argument("--trace", type=Path, help="write a time series here (JSON)")
     parser.add_argument("--size-mb", type=int, default=256, help="loopback file")
     parser.add_argument("--wan-size-mb", type=int, default=512, help="WAN file")
     parser.add_argument("--link-mbit", type=float, default=500, help="the WAN's rate")

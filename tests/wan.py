@@ -545,6 +545,31 @@ def tcp_flow(
     return result
 
 
+def tcp_flows(
+    src: Host, dst: Host, count: int, seconds: float, warmup: float = 0.0, port: int = 5990
+) -> list[dict[str, Any]]:
+    """``count`` independent single TCP flows (CUBIC) at once, each measured as by
+    :func:`tcp_flow`: samples of one flow's rate in the time of one (on a link with no
+    rate limit they do not compete)."""
+    results: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            results.append(tcp_flow(src, dst, seconds, "cubic", warmup, port - i))
+        except BaseException as error:  # re-raised in the caller's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + warmup + 120)
+    if errors:
+        raise errors[0]
+    return results
+
+
 def mathis_mbit(mss: int, rtt_ms: float, loss: float) -> float:
     """The Mathis et al. (1997) estimate of one Reno-like flow: MSS/RTT * 1.22/sqrt(p)."""
     return mss * 8 / (rtt_ms / 1000) * 1.22 / loss**0.5 / 1e6

@@ -89,12 +89,14 @@ class _Fetch:
     def __init__(
         self,
         session: p.ClientSession,
-        on_piece: Callable[[int, bytes], bool],
+        on_piece: Callable[[int, bytes | bytearray], bool],
         stall_timeout: float,
         gro: bool = True,
+        progress: Callable[[p.ReceiverStats], None] | None = None,
     ) -> None:
         self.session = session
         self.gro = gro
+        self.progress = progress
         self.on_piece = on_piece
         self.stall_timeout = stall_timeout
         self.writer: asyncio.StreamWriter | None = None
@@ -196,11 +198,14 @@ class _Fetch:
                 if self.on_readable():
                     break
             now = loop.time()
+            reports = session.stats.reports
             for datagram in session.handle_timer(now):
                 if self.data is not None:
                     with contextlib.suppress(OSError):  # lost like any datagram: resent
                         self.data.sock.send(datagram)
             self.handle_events()
+            if self.progress is not None and session.stats.reports != reports:
+                self.progress(session.stats)
             if cancel is not None and cancel.is_set():
                 session.cancel()
                 self.handle_events()
@@ -224,7 +229,7 @@ async def fetch_pieces(
     secret: bytes,
     info_hash_hex: str,
     pieces: Sequence[int],
-    on_piece: Callable[[int, bytes], bool],
+    on_piece: Callable[[int, bytes | bytearray], bool],
     *,
     piece_size: int | None = None,
     piece_count: int | None = None,
@@ -234,17 +239,21 @@ async def fetch_pieces(
     stall_timeout: float = STALL_TIMEOUT,
     cancel: threading.Event | None = None,
     gro: bool = True,
+    progress: Callable[[p.ReceiverStats], None] | None = None,
 ) -> FetchStats:
     """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
 
-    ``on_piece(index, data)`` runs in a worker thread, one piece at a time; it returns False
-    when the piece's hash does not match (the piece is then sent again, up to
-    :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS` times). ``piece_size``/``piece_count``,
+    ``on_piece(index, data)`` runs in a worker thread, one piece at a time (``data`` is the
+    piece's own buffer: keep it or not); it returns False when the piece's hash does not
+    match (the piece is then sent again, up to :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS`
+    times). ``piece_size``/``piece_count``,
     when given, must match the server's artifact. ``block_size`` (payload bytes per
     datagram) defaults to the largest that fits our route's MTU, and is lowered to it if
     larger. ``timeout`` bounds the whole fetch; setting ``cancel`` stops it cleanly (pieces
     kept so far stay kept). ``gro=False`` receives datagrams one by one (as on a kernel
-    without UDP GRO).
+    without UDP GRO). ``progress(stats)`` runs in the event loop after each REPORT (every
+    50 ms while data flows): ``stats.bytes`` counts payload received so far, duplicates
+    included (a rate for ``bytes_by_source``); it must return quickly.
 
     Raises:
         UdpAuthError: the server does not share our fleet secret.
@@ -261,7 +270,7 @@ async def fetch_pieces(
         piece_size,
         piece_count,
     )
-    fetch = _Fetch(session, on_piece, stall_timeout, gro)
+    fetch = _Fetch(session, on_piece, stall_timeout, gro, progress)
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):

@@ -55,10 +55,13 @@ class NeedPieces(Event):
 
 @dataclass(frozen=True, slots=True)
 class PieceReceived(Event):
-    """Client side: check the piece, then call :meth:`ClientSession.piece_checked`."""
+    """Client side: check the piece, then call :meth:`ClientSession.piece_checked`.
+
+    ``data`` is the buffer the blocks were decrypted into, handed over (not copied): the
+    machine never touches it again."""
 
     index: int
-    data: bytes
+    data: bytes | bytearray
 
 
 @dataclass(frozen=True, slots=True)

@@ -439,7 +439,7 @@ class ClientSession:
             if remaining[pos] == 0:
                 self._checking.add(pos)
                 views.pop(pos).release()
-                pending.append(PieceReceived(plan.pieces[pos], bytes(self._buffers.pop(pos))))
+                pending.append(PieceReceived(plan.pieces[pos], self._buffers.pop(pos)))
         self._seq_high, self._first_high = seq_high, first_high
         stats.datagrams += datagrams
         stats.bytes += payload
@@ -521,8 +521,7 @@ class ClientSession:
         if self._remaining[pos] == 0:
             self._checking.add(pos)
             self._views.pop(pos).release()
-            piece = bytes(self._buffers.pop(pos))
-            self._side.pending.append(PieceReceived(plan.pieces[pos], piece))
+            self._side.pending.append(PieceReceived(plan.pieces[pos], self._buffers.pop(pos)))
 
     def _lost_before(self, nak_id: int) -> None:
         """NAKs are served in order: those before ``nak_id`` still missing were lost again

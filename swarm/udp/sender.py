@@ -60,6 +60,9 @@ from swarm.udp.wire import (
     u32s,
 )
 
+RETX_LOOKAHEAD = 1024
+"""Retransmissions whose pieces are loaded ahead of their turn (the NAKs of ~1.5 MB)."""
+
 
 class ServerState(enum.Enum):
     AWAIT_HELLO = "await hello"
@@ -438,8 +441,10 @@ class ServerSession:
         if plan is None or self.state is ServerState.DONE:
             return
         want: list[int] = []
-        for ordinal in itertools.islice(self._retx, 64):
-            want.append(plan.pieces[plan.locate(ordinal)[0]])
+        for ordinal in itertools.islice(self._retx, RETX_LOOKAHEAD):
+            piece = plan.pieces[plan.locate(ordinal)[0]]
+            if not want or want[-1] != piece:
+                want.append(piece)
         if self._next_ordinal < plan.total:
             pos = plan.locate(self._next_ordinal)[0]
             want.extend(plan.pieces[pos : pos + self._prefetch + 1])
@@ -497,21 +502,29 @@ class ServerSession:
         view = memoryview(b"")
         segment = used = count = 0
         sent = retransmits = sent_bytes = 0
+        retx_waits = False
         while sent < limit:
-            if retx:
+            if retx and not retx_waits:
                 ordinal, flags = retx[0], FLAG_RETRANSMIT
             elif self._next_ordinal < plan.total:
                 ordinal, flags = self._next_ordinal, 0
             else:
-                if not self._pass_done_sent:
+                if retx_waits:
+                    self._blocked = True
+                elif not self._pass_done_sent:
                     self._send_progress(0)
                 break
             pos, offset, length = plan.locate(ordinal)
             piece = loaded.get(pieces[pos])
             if piece is None:
+                self._want_pieces()
+                if flags:
+                    # The piece of the next retransmission is loading (it left the cache):
+                    # meanwhile the first pass goes on, rather than the link going idle.
+                    retx_waits = True
+                    continue
                 # Wait for piece_loaded() (next_timer is None meanwhile: no busy loop).
                 self._blocked = True
-                self._want_pieces()
                 break
             size = length + DGRAM_OVERHEAD
             if tokens < size - 1:  # 1 byte of slack for float rounding
