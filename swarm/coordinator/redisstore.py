@@ -57,6 +57,7 @@ from swarm.coordinator.fleet import (
     RANK_PERIOD,
     REPORT_TTL,
     ArtifactReport,
+    Completion,
     Members,
     NodeReport,
     NodeState,
@@ -68,6 +69,7 @@ from swarm.coordinator.fleet import (
     rank_peers,
     report_weight,
     serve_ranking,
+    slim,
 )
 from swarm.coordinator.origin import (
     _COUNT_BYTES,
@@ -97,6 +99,10 @@ COORDINATOR_TTL: Final = 3.0
 
 NODE_COUNT_PERIOD: Final = 0.5
 """Seconds the fleet's size (for the report interval) is reused before asking Redis."""
+
+SEQ_PERIOD: Final = 0.25
+"""Seconds the membership epoch read from Redis is taken as current (a node whose list
+is current then costs no round trip for it)."""
 
 SWEEP_BATCH: Final = 1000
 """Entries one sweep script drops (Redis runs one script at a time: keep each short)."""
@@ -226,9 +232,13 @@ local function ref(ips, mlog, mseq, ip, delta)
 end
 """.replace("LOG_MAX", str(2 * MEMBERS_LOG)).replace("LOG_KEEP", str(MEMBERS_LOG))
 
-# KEYS: node nodes nodeinfo ips mlog mseq weight spare
-# ARGV: id json expires weight ip max_nodes budget addr -> 1 ok, -1 too many nodes, -2 budget
-PUT_NODE = (
+# A node's report in one round trip: its state, the fleet's membership, and which of its
+# artifacts it completed for the first time (history), from per-node marks.
+# KEYS: node nodes nodeinfo ips mlog mseq weight spare nodefirst nodemeta
+# ARGV: id json expires weight ip max_nodes budget addr now, then per artifact:
+#       info_hash complete(0/1) elapsed('' if unknown)
+# -> {-1} too many nodes, {-2} over budget, or {1, first_seen, (info_hash, seconds)...}
+REPORT = (
     _SPLIT
     + _MEMBERS_LOG
     + """
@@ -238,11 +248,11 @@ if info then
   local f = split(info)
   old_w, old_ip, old_addr = tonumber(f[1]), f[2], f[3]
 elseif redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6]) then
-  return -1
+  return {-1}
 end
 local grows = tonumber(ARGV[4]) - old_w
 if grows > 0 and tonumber(redis.call('GET', KEYS[7]) or '0') + grows > tonumber(ARGV[7]) then
-  return -2
+  return {-2}
 end
 redis.call('INCRBY', KEYS[7], grows)
 if not info then
@@ -257,11 +267,30 @@ end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[4] .. '|' .. ARGV[5] .. '|' .. ARGV[8])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('SET', KEYS[1], ARGV[2])
-return 1
+redis.call('HSETNX', KEYS[9], ARGV[1], ARGV[9])
+local out = {1, redis.call('HGET', KEYS[9], ARGV[1])}
+local now = tonumber(ARGV[9])
+for i = 10, #ARGV, 3 do
+  local ih, complete, elapsed = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if complete == '0' then
+    redis.call('HSETNX', KEYS[10], 's' .. ih, ARGV[9])
+    redis.call('HDEL', KEYS[10], 'c' .. ih)  -- re-fetching after a wipe
+  elseif redis.call('HSETNX', KEYS[10], 'c' .. ih, '1') == 1 then
+    local seconds = elapsed
+    if seconds == '' then
+      local started = redis.call('HGET', KEYS[10], 's' .. ih)
+      if started then seconds = tostring(now - tonumber(started)) end
+    end
+    out[#out + 1] = ih
+    out[#out + 1] = seconds
+  end
+end
+return out
 """
 )
 
-# KEYS: nodes nodeinfo ips mlog mseq weight spare   ARGV: now node_key_prefix -> ids
+# KEYS: nodes nodeinfo ips mlog mseq weight spare nodefirst
+# ARGV: now node_key_prefix nodemeta_key_prefix -> ids
 EXPIRE_NODES = (
     _SPLIT
     + _MEMBERS_LOG
@@ -278,6 +307,8 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[2], id)
   end
   redis.call('DEL', ARGV[2] .. id)
+  redis.call('DEL', ARGV[3] .. id)
+  redis.call('HDEL', KEYS[8], id)
 end
 return ids
 """.replace("SWEEP_BATCH", str(SWEEP_BATCH))
@@ -331,6 +362,24 @@ local function count_bits(avail, union, added, removed)
     if c == 0 then redis.call('SETBIT', union, p, 0) end
   end
 end
+"""
+
+# What planning one report reads, in one command (a pipeline of nine cost four times the
+# client CPU of one script on the benchmark machine).
+# KEYS: art union held rec s3 arts(node) artifacts planbytes   ARGV: node info_hash sample
+# -> {piece_size, count, estimate, estimated_at, union, held, rec, own s3 rate, holding,
+#     artifacts, planbytes, (node, s3 rate)...}  (false where absent)
+LOAD = """
+local art = redis.call('HMGET', KEYS[1], 'piece_size', 'count', 'estimate', 'estimated_at')
+local out = {art[1] or false, art[2] or false, art[3] or false, art[4] or false,
+  redis.call('GET', KEYS[2]) or false, redis.call('GET', KEYS[3]) or false,
+  redis.call('HGET', KEYS[4], ARGV[1]) or false, redis.call('HGET', KEYS[5], ARGV[1]) or false,
+  redis.call('SISMEMBER', KEYS[6], ARGV[2]), redis.call('SCARD', KEYS[7]),
+  redis.call('GET', KEYS[8]) or '0'}
+for _, v in ipairs(redis.call('HRANDFIELD', KEYS[5], tonumber(ARGV[3]), 'WITHVALUES')) do
+  out[#out + 1] = v
+end
+return out
 """
 
 # KEYS: 1 art 2 avail 3 union 4 assigned 5 owner 6 owners 7 progress 8 stripelen 9 wide
@@ -513,7 +562,7 @@ class RedisPeerStore(PeerStore):
         self.node_budget = node_budget
         self._announce = client.register_script(ANNOUNCE)
         self._trim = client.register_script(TRIM)
-        self._put_node = client.register_script(PUT_NODE)
+        self._report = client.register_script(REPORT)
         self._expire_nodes = client.register_script(EXPIRE_NODES)
         self._members = client.register_script(MEMBERS)
         client.set(PREFIX + "generation", generation or f"{time.time_ns():x}", nx=True)
@@ -524,6 +573,12 @@ class RedisPeerStore(PeerStore):
         self._coordinators: tuple[float, int] | None = None
         self._dropped_peers = 0
         self._departed: list[str] = []
+        self._spare: dict[str, float] = {}
+        """Upload headroom by address, written to Redis with the next sweep: rankings are
+        rebuilt once a second anyway, and a report spares a round trip."""
+        self._seq: tuple[float, int] | None = None
+        """(when, the membership epoch's counter) as last read: a node whose epoch is
+        current costs no round trip (at worst it hears of a change one report later)."""
 
     @staticmethod
     def _k(*parts: str) -> str:
@@ -617,53 +672,95 @@ class RedisPeerStore(PeerStore):
         return [h for h in hashes if self.peers(h, now)]
 
     def set_spare(self, addr: str, spare: float) -> None:
-        self.redis.hset(self._k("spare"), addr, repr(spare))
+        self._spare[addr] = spare
 
     # -- nodes --------------------------------------------------------------------------
 
+    def report(self, report: NodeReport, now: float, ttl: float | None = None) -> list[Completion]:
+        """As :meth:`PeerStore.report`, in one script: the node's state, its membership
+        and its first completions (per-node marks in Redis, so a node that fails over to
+        another coordinator is not recorded twice)."""
+        report = slim(report)
+        expires = now + (self.report_ttl if ttl is None else ttl)
+        weight = report_weight(report)
+        items: list[object] = []
+        for item in report.artifacts:
+            elapsed = "" if item.elapsed is None else repr(item.elapsed)
+            items += [item.info_hash, int(item.complete), elapsed]
+        reply = self._report(
+            keys=self._node_keys(report.node),
+            args=[
+                report.node,
+                json.dumps(_report_to_json(report, now, expires, weight)),
+                repr(expires),
+                weight,
+                host_of(report.addr),
+                self.max_nodes,
+                self.node_budget,
+                report.addr,
+                repr(now),
+                *items,
+            ],
+        )
+        if reply[0] == -1:
+            raise StoreFull(f"the coordinators track {self.max_nodes} nodes, their maximum")
+        if reply[0] == -2:
+            raise StoreFull(f"node state is at its budget ({self.node_budget} bytes)")
+        by_hash = {item.info_hash: item for item in report.artifacts}
+        completions = []
+        for raw_hash, raw_seconds in zip(reply[2::2], reply[3::2], strict=True):
+            item = by_hash[raw_hash.decode()]
+            completions.append(
+                Completion(
+                    info_hash=item.info_hash,
+                    name=item.name,
+                    node=report.node,
+                    completed_at=now,
+                    seconds=float(raw_seconds) if raw_seconds else None,
+                    bytes_by_source=dict(item.bytes_by_source),
+                )
+            )
+        return completions
+
+    def _node_keys(self, node: str) -> list[str]:
+        return [
+            self._k("node", node),
+            self._k("nodes"),
+            self._k("nodeinfo"),
+            self._k("ips"),
+            self._k("mlog"),
+            self._k("mseq"),
+            self._k("weight"),
+            self._k("spare"),
+            self._k("nodefirst"),
+            self._k("nodemeta", node),
+        ]
+
     def get_node(self, node: str, now: float) -> NodeState | None:
-        raw = self.redis.get(self._k("node", node))
+        raw, first = (
+            self.redis.get(self._k("node", node)),
+            self.redis.hget(self._k("nodefirst"), node),
+        )
         if raw is None:
             return None
-        state = _node_from_json(json.loads(raw))
+        state = _node_from_json(json.loads(raw), first)
         return state if now <= state.expires_at else None
 
     def put_node(self, state: NodeState) -> None:
-        node = state.report.node
-        state.weight = report_weight(state.report)
-        result = self._put_node(
-            keys=[
-                self._k("node", node),
-                self._k("nodes"),
-                self._k("nodeinfo"),
-                self._k("ips"),
-                self._k("mlog"),
-                self._k("mseq"),
-                self._k("weight"),
-                self._k("spare"),
-            ],
-            args=[
-                node,
-                json.dumps(_node_to_json(state)),
-                repr(state.expires_at),
-                state.weight,
-                host_of(state.report.addr),
-                self.max_nodes,
-                self.node_budget,
-                state.report.addr,
-            ],
-        )
-        if result == -1:
-            raise StoreFull(f"the coordinators track {self.max_nodes} nodes, their maximum")
-        if result == -2:
-            raise StoreFull(f"node state is at its budget ({self.node_budget} bytes)")
+        """Only through :meth:`report` (one script keeps the marks with the state)."""
+        raise NotImplementedError("RedisPeerStore keeps node state through report()")
 
     def nodes(self, now: float) -> list[NodeState]:
-        ids = self.redis.zrangebyscore(self._k("nodes"), now, "+inf")
+        ids = [i.decode() for i in self.redis.zrangebyscore(self._k("nodes"), now, "+inf")]
         if not ids:
             return []
-        raws = self.redis.mget([self._k("node", i.decode()) for i in ids])
-        states = [_node_from_json(json.loads(r)) for r in raws if r is not None]
+        raws = self.redis.mget([self._k("node", i) for i in ids])
+        firsts = self.redis.hmget(self._k("nodefirst"), ids)
+        states = [
+            _node_from_json(json.loads(raw), first)
+            for raw, first in zip(raws, firsts, strict=True)
+            if raw is not None
+        ]
         return [s for s in states if now <= s.expires_at]
 
     def node_count(self, now: float) -> int:
@@ -688,6 +785,9 @@ class RedisPeerStore(PeerStore):
 
     def expire(self, now: float) -> tuple[int, int]:
         self.heartbeat(now)
+        spare, self._spare = self._spare, {}
+        if spare:
+            self.redis.hset(self._k("spare"), mapping={k: repr(v) for k, v in spare.items()})
         dropped = self._dropped_peers
         self._dropped_peers = 0
         for raw in self.redis.smembers(self._k("swarms")):
@@ -703,8 +803,9 @@ class RedisPeerStore(PeerStore):
                 self._k("mseq"),
                 self._k("weight"),
                 self._k("spare"),
+                self._k("nodefirst"),
             ],
-            args=[repr(now), self._k("node", "")],
+            args=[repr(now), self._k("node", ""), self._k("nodemeta", "")],
         )
         ids = [g.decode() for g in gone]
         self._departed.extend(ids)
@@ -722,6 +823,10 @@ class RedisPeerStore(PeerStore):
             generation, _, seq_text = epoch.rpartition(".")
             if generation == self.generation and seq_text.isdigit() and len(seq_text) < 19:
                 seq = int(seq_text)
+        known = self._seq
+        fresh_seq = known is not None and 0 <= now - known[0] < SEQ_PERIOD
+        if seq >= 0 and fresh_seq and known is not None and seq == known[1]:
+            return Members(epoch)  # type: ignore[arg-type]
         full = self._full
         fresh = full is not None and 0 <= now - full[2] < MEMBERS_FULL_PERIOD
         if seq < 0 and fresh and full is not None:
@@ -731,6 +836,7 @@ class RedisPeerStore(PeerStore):
             args=[seq, 1 if seq < 0 else 0],
         )
         current, kind, items = int(reply[0]), int(reply[1]), reply[2:]
+        self._seq = (now, current)
         epoch_now = f"{self.generation}.{current}"
         if kind == 0:
             return Members(epoch_now)
@@ -741,8 +847,9 @@ class RedisPeerStore(PeerStore):
         return Members(epoch_now, members=text)
 
 
-def _node_to_json(state: NodeState) -> dict[str, object]:
-    report = state.report
+def _report_to_json(
+    report: NodeReport, now: float, expires: float, weight: int
+) -> dict[str, object]:
     return {
         "node": report.node,
         "addr": report.addr,
@@ -762,16 +869,13 @@ def _node_to_json(state: NodeState) -> dict[str, object]:
             }
             for i in report.artifacts
         ],
-        "first_seen": state.first_seen,
-        "last_seen": state.last_seen,
-        "expires_at": state.expires_at,
-        "started": state.started,
-        "completed": sorted(state.completed),
-        "weight": state.weight,
+        "last_seen": now,
+        "expires_at": expires,
+        "weight": weight,
     }
 
 
-def _node_from_json(data: dict) -> NodeState:  # type: ignore[type-arg]
+def _node_from_json(data: dict, first: bytes | None) -> NodeState:  # type: ignore[type-arg]
     report = NodeReport(
         node=data["node"],
         addr=data["addr"],
@@ -779,11 +883,9 @@ def _node_from_json(data: dict) -> NodeState:  # type: ignore[type-arg]
     )
     return NodeState(
         report=report,
-        first_seen=data["first_seen"],
+        first_seen=float(first) if first is not None else data["last_seen"],
         last_seen=data["last_seen"],
         expires_at=data["expires_at"],
-        started=dict(data["started"]),
-        completed=set(data["completed"]),
         weight=data["weight"],
     )
 
@@ -830,8 +932,10 @@ class RedisPlanState(PlanState):
         self.redis = client
         self.max_artifacts = max_artifacts
         self.budget = budget
+        self._load = client.register_script(LOAD)
         self._commit = client.register_script(COMMIT)
         self._forget = client.register_script(FORGET)
+        self._geometries: dict[str, tuple[int, int]] = {}
         self._loaded: dict[tuple[str, str], tuple[int, int]] = {}
         """(node, info_hash) -> (its bitfield as of :meth:`load`, piece count), for
         :meth:`commit`'s diff."""
@@ -847,7 +951,15 @@ class RedisPlanState(PlanState):
         return int(piece_size), int(count)
 
     def check(self, info_hash: str, piece_size: int, count: int) -> None:
-        known = self._geometry(info_hash)
+        # an info-hash names its geometry: a cached one is right unless the artifact was
+        # forgotten and started again, which a mismatch re-reads
+        known = self._geometries.get(info_hash)
+        if known is None or known != (piece_size, count):
+            known = self._geometry(info_hash)
+            if known is not None:
+                if len(self._geometries) >= MAX_ARTIFACTS:
+                    self._geometries.clear()
+                self._geometries[info_hash] = known
         if known is not None and known != (piece_size, count):
             raise GeometryError(
                 f"artifact {info_hash} has {known[1]} pieces of {known[0]} bytes "
@@ -856,18 +968,23 @@ class RedisPlanState(PlanState):
 
     def load(self, node: str, info_hash: str, piece_size: int, count: int) -> ArtifactView | None:
         k = self._k
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(k("art", info_hash), ["piece_size", "count", "estimate", "estimated_at"])
-        pipe.get(k("union", info_hash))
-        pipe.get(k("held", info_hash, node))
-        pipe.hget(k("rec", info_hash), node)
-        pipe.hrandfield(k("s3", info_hash), ESTIMATE_SAMPLE, withvalues=True)
-        pipe.hget(k("s3", info_hash), node)
-        pipe.sismember(k("arts", node), info_hash)
-        pipe.scard(k("artifacts"))
-        pipe.get(k("planbytes"))
-        art, union, held, rec, sample, own_s3, holding, artifacts, used = pipe.execute()
-        used = int(used or 0)
+        reply = self._load(
+            keys=[
+                k("art", info_hash),
+                k("union", info_hash),
+                k("held", info_hash, node),
+                k("rec", info_hash),
+                k("s3", info_hash),
+                k("arts", node),
+                k("artifacts"),
+                k("planbytes"),
+            ],
+            args=[node, info_hash, ESTIMATE_SAMPLE],
+        )
+        art = reply[0:4]
+        union, held, rec, own_s3 = reply[4:8]
+        holding, artifacts, used = int(reply[8]), int(reply[9]), int(reply[10] or 0)
+        sample = reply[11:]
         if art[0] is None:
             cost = count * _COUNT_BYTES + (count + 7) // 8 + 64
             if artifacts >= self.max_artifacts or used + cost > self.budget:
