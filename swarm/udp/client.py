@@ -126,7 +126,9 @@ class _Fetch:
             if isinstance(event, p.PieceReceived):
                 future = loop.run_in_executor(self.sink, self.on_piece, event.index, event.data)
                 self.checks.add(future)
-                future.add_done_callback(lambda f, i=event.index: self._checked(f, i))
+                future.add_done_callback(
+                    lambda f, i=event.index, d=event.data: self._checked(f, i, d)
+                )
             elif isinstance(event, p.Refused):
                 self.refused = event.reason
             elif isinstance(event, p.PeerError):
@@ -135,8 +137,9 @@ class _Fetch:
                 self.wake.set()
         self.flush()
 
-    def _checked(self, future: asyncio.Future[bool], index: int) -> None:
+    def _checked(self, future: asyncio.Future[bool], index: int, data: bytes | bytearray) -> None:
         self.checks.discard(future)
+        self.session.recycle(data)  # on_piece returned: the buffer is ours again
         try:
             ok = bool(future.result())
         except Exception as error:  # the sink failed (disk full...): stop, report it
@@ -243,10 +246,10 @@ async def fetch_pieces(
 ) -> FetchStats:
     """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
 
-    ``on_piece(index, data)`` runs in a worker thread, one piece at a time (``data`` is the
-    piece's own buffer: keep it or not); it returns False when the piece's hash does not
-    match (the piece is then sent again, up to :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS`
-    times). ``piece_size``/``piece_count``,
+    ``on_piece(index, data)`` runs in a worker thread, one piece at a time (``data`` is
+    reused once it returns: copy what must outlive the call); it returns False when the
+    piece's hash does not match (the piece is then sent again, up to
+    :data:`~swarm.udp.protocol.MAX_PIECE_ATTEMPTS` times). ``piece_size``/``piece_count``,
     when given, must match the server's artifact. ``block_size`` (payload bytes per
     datagram) defaults to the largest that fits our route's MTU, and is lowered to it if
     larger. ``timeout`` bounds the whole fetch; setting ``cancel`` stops it cleanly (pieces

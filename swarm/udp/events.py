@@ -57,8 +57,8 @@ class NeedPieces(Event):
 class PieceReceived(Event):
     """Client side: check the piece, then call :meth:`ClientSession.piece_checked`.
 
-    ``data`` is the buffer the blocks were decrypted into, handed over (not copied): the
-    machine never touches it again."""
+    ``data`` is the buffer the blocks were decrypted into (no copy). The machine writes into
+    it again only after the edge gives it back with :meth:`ClientSession.recycle`."""
 
     index: int
     data: bytes | bytearray

@@ -90,6 +90,8 @@ a retransmission arriving for a later NAK reveals the loss of an earlier one, an
 sender's PROGRESS says when every NAK it was sent has been served. This timeout is only a
 backstop: a timer tight enough to matter would fire while a retransmission waits in a
 bottleneck's queue and send every such block twice."""
+MAX_POOLED_PIECES = 8
+"""Piece buffers kept for reuse (:meth:`ClientSession.recycle`)."""
 MAX_PIECE_ATTEMPTS = 3
 """Times a piece is received before the receiver gives up on it (its hash failed each time):
 a sender with a corrupt piece must not keep us in a loop; another source will provide it."""
@@ -172,6 +174,7 @@ class ClientSession:
         self._have = bytearray()
         self._remaining: list[int] = []
         self._buffers: dict[int, bytearray] = {}
+        self._pool: list[bytearray] = []
         self._views: dict[int, memoryview] = {}
         self._attempts: list[int] = []
         self._settled = 0
@@ -403,7 +406,7 @@ class ClientSession:
                 continue
             view = views.get(pos)
             if view is None:
-                buf = self._buffers[pos] = bytearray(lengths[pos])
+                buf = self._buffers[pos] = self._new_buffer(lengths[pos])
                 view = views[pos] = memoryview(buf)
             header_end = start + DGRAM_HEADER_LEN
             try:
@@ -495,7 +498,7 @@ class ClientSession:
             )
         view = self._views.get(pos)
         if view is None:
-            buf = self._buffers[pos] = bytearray(plan.lengths[pos])
+            buf = self._buffers[pos] = self._new_buffer(plan.lengths[pos])
             view = self._views[pos] = memoryview(buf)
         try:
             # Decrypts in place; on a bad tag the bytes written are garbage, but the block
@@ -522,6 +525,24 @@ class ClientSession:
             self._checking.add(pos)
             self._views.pop(pos).release()
             self._side.pending.append(PieceReceived(plan.pieces[pos], self._buffers.pop(pos)))
+
+    def _new_buffer(self, length: int) -> bytearray:
+        pool = self._pool
+        if pool and self.plan is not None and length == self.plan.piece_size:
+            return pool.pop()  # old bytes: every block of the piece overwrites its part
+        return bytearray(length)
+
+    def recycle(self, data: bytes | bytearray) -> None:
+        """The edge is done with a :class:`PieceReceived`'s buffer (checked, and copied or
+        written where it goes): it may hold the next piece. A fresh 4 MiB buffer per piece
+        costs its zeroing and page faults, as much as decrypting into it."""
+        if (
+            isinstance(data, bytearray)
+            and self.plan is not None
+            and len(data) == self.plan.piece_size
+            and len(self._pool) < MAX_POOLED_PIECES
+        ):
+            self._pool.append(data)
 
     def _lost_before(self, nak_id: int) -> None:
         """NAKs are served in order: those before ``nak_id`` still missing were lost again

@@ -60,6 +60,7 @@ from swarm.udp.wire import (
     u32s,
 )
 
+MAX_FREE_BUFFERS = 16
 RETX_LOOKAHEAD = 1024
 """Retransmissions whose pieces are loaded ahead of their turn (the NAKs of ~1.5 MB)."""
 
@@ -90,16 +91,18 @@ class SenderStats:
 @dataclass(slots=True)
 class Batch:
     """``count`` sealed datagrams back to back in ``data``: each ``segment`` bytes but the
-    last, which may be shorter (what ``UDP_SEGMENT`` sends as ``count`` datagrams)."""
+    last, which may be shorter (what ``UDP_SEGMENT`` sends as ``count`` datagrams).
+    ``data`` is a view of ``buffer``, which :meth:`ServerSession.recycle` takes back."""
 
-    data: bytearray
+    data: memoryview
     segment: int
     count: int
+    buffer: bytearray
 
     def datagrams(self) -> list[memoryview]:
-        view = memoryview(self.data)
+        view = self.data
         seg = self.segment
-        return [view[i : i + seg] for i in range(0, len(self.data), seg)]
+        return [view[i : i + seg] for i in range(0, len(view), seg)]
 
 
 class ServerSession:
@@ -170,6 +173,8 @@ class ServerSession:
         self._cache = max(cache_pieces, prefetch_pieces + 2)
         self._pass_done_sent = False
         self._last_echo = 0
+        self._free: list[bytearray] = []
+        """Batch buffers sent and given back (:meth:`recycle`): no allocation per batch."""
 
     # public surface shared with the client
     def events(self) -> list[Event]:
@@ -409,7 +414,7 @@ class ServerSession:
                 self._side.pending.append(PathValidated(addr))
         return True
 
-    def piece_loaded(self, index: int, data: bytes) -> None:
+    def piece_loaded(self, index: int, data: bytes | memoryview) -> None:
         if self._plan is None:
             raise LocalProtocolError("piece_loaded() before accept()")
         if len(data) != self._plan.piece_length(index):
@@ -456,6 +461,22 @@ class ServerSession:
         if new:
             self._side.pending.append(NeedPieces(tuple(new)))
 
+    def recycle(self, batch: Batch) -> None:
+        """The edge has sent ``batch`` and keeps no view of it: its buffer may carry the
+        next batch (allocating and zeroing 64 KiB per batch cost more than sealing it)."""
+        batch.data.release()
+        plan = self._plan
+        if (
+            plan is not None
+            and len(self._free) < MAX_FREE_BUFFERS
+            and len(batch.buffer) == self._buffer_size(plan)
+        ):
+            self._free.append(batch.buffer)
+
+    def _buffer_size(self, plan: BlockPlan) -> int:
+        wire_block = plan.block_size + DGRAM_OVERHEAD
+        return max(1, min(self.max_batch_segments, self.max_batch_bytes // wire_block)) * wire_block
+
     def next_timer(self, now: float) -> float | None:
         """When :meth:`handle_timer_batches` has a batch to send (a batch's worth of tokens,
         or a full bucket); None while idle or blocked."""
@@ -474,9 +495,12 @@ class ServerSession:
             out.extend(batch.datagrams())
         return out
 
-    def handle_timer_batches(self, now: float, limit: int = 1 << 16) -> list[Batch]:
-        """Datagrams due by ``now`` at the paced rate (at most ``limit``), for
-        :attr:`data_addr`, as :class:`Batch` es. Empty until the UDP path is validated.
+    def handle_timer_batches(
+        self, now: float, limit: int = 1 << 16, max_batches: int = 1 << 16
+    ) -> list[Batch]:
+        """Datagrams due by ``now`` at the paced rate (at most ``limit`` datagrams in
+        ``max_batches`` batches), for :attr:`data_addr`, as :class:`Batch` es. Empty until
+        the UDP path is validated. Tokens left over stay for the next call.
 
         The first pass is sealed in runs of one piece's full-size blocks straight into the
         batch buffer: per datagram, one header ``pack_into`` and one AEAD call."""
@@ -487,15 +511,13 @@ class ServerSession:
         pacer = self._pacer
         tokens = pacer.refill(now)
         batches: list[Batch] = []
-        max_segments = self.max_batch_segments
-        max_bytes = self.max_batch_bytes
         sid = self.session_id
         loaded = self._loaded
         retx = self._retx
         pieces = plan.pieces
         block = plan.block_size
         wire_block = block + DGRAM_OVERHEAD
-        capacity = max(1, min(max_segments, max_bytes // wire_block))
+        capacity = self._buffer_size(plan) // wire_block
         pack_into = DGRAM.pack_into
         encrypt_into = sealer.aead.encrypt_into
         buf: bytearray | None = None
@@ -503,6 +525,7 @@ class ServerSession:
         segment = used = count = 0
         sent = retransmits = sent_bytes = 0
         retx_waits = False
+        free = self._free
         while sent < limit:
             if retx and not retx_waits:
                 ordinal, flags = retx[0], FLAG_RETRANSMIT
@@ -530,12 +553,12 @@ class ServerSession:
             if tokens < size - 1:  # 1 byte of slack for float rounding
                 break
             if buf is not None and (size > segment or count >= capacity):
-                view.release()
-                del buf[used:]
-                batches.append(Batch(buf, segment, count))
+                batches.append(Batch(view[:used], segment, count, buf))
                 buf = None
+                if len(batches) >= max_batches:
+                    break
             if buf is None:
-                buf = bytearray(max(capacity * wire_block, size))
+                buf = free.pop() if free else bytearray(capacity * wire_block)
                 view = memoryview(buf)
                 segment, used, count = size, 0, 0
             if flags or length != block:
@@ -555,10 +578,10 @@ class ServerSession:
                 sent_bytes += size
                 if length != block:
                     # A short datagram can only end a GSO batch.
-                    view.release()
-                    del buf[used:]
-                    batches.append(Batch(buf, segment, count))
+                    batches.append(Batch(view[:used], segment, count, buf))
                     buf = None
+                    if len(batches) >= max_batches:
+                        break
                 continue
             # A run of first-pass full blocks of this piece, as many as tokens, the batch
             # and the piece allow (a piece's last block may be short: not in the run).
@@ -590,10 +613,10 @@ class ServerSession:
             sent += run
             sent_bytes += run * wire_block
         if buf is not None:
-            view.release()
-            del buf[used:]
             if count:
-                batches.append(Batch(buf, segment, count))
+                batches.append(Batch(view[:used], segment, count, buf))
+            else:
+                free.append(buf)
         pacer.tokens = tokens
         stats = self.stats
         stats.datagrams += sent

@@ -50,7 +50,7 @@ class Sink:
             return False
         if hashlib.sha1(data).digest() != self.hashes[index]:
             return False
-        self.kept[index] = data
+        self.kept[index] = bytes(data)  # the buffer is reused once we return
         return True
 
 
