@@ -62,6 +62,9 @@ PIECES = 2048
 PIECE_SIZE = 1 << 20
 ARTIFACT_SIZE = PIECES * PIECE_SIZE
 INFO_HASH = bytes.fromhex("c0ffee" * 6 + "c0ff")
+SETTLE = 10.0
+"""Seconds after the last join from which reports count as steady state."""
+
 FAILOVER_WAIT = 0.25
 """Seconds before a failed report goes to the next coordinator (the daemon's wait)."""
 
@@ -207,6 +210,8 @@ class Stats:
     answered: int = 0
     errors: int = 0
     latencies: list[float] = field(default_factory=list)
+    steady: list[float] = field(default_factory=list)
+    """Latencies of reports sent after the scale-out settled (join + ``SETTLE`` s)."""
     announce_latencies: list[float] = field(default_factory=list)
     announce_errors: int = 0
     reply_bytes: list[int] = field(default_factory=list)
@@ -214,6 +219,7 @@ class Stats:
     members: int = 0
     """Member lists (full or delta) received."""
     error_kinds: dict[str, int] = field(default_factory=dict)
+    settled_at: float = float("inf")
     after_kill: list[float] = field(default_factory=list)
     """Latencies of reports answered after a coordinator was killed (from the kill)."""
     orphans: int = 0
@@ -411,6 +417,8 @@ async def post_report(
     took = loop.time() - began
     stats.answered += 1
     stats.latencies.append(took)
+    if began >= stats.settled_at:
+        stats.steady.append(took)
     stats.reply_bytes.append(len(raw))
     if killed and url not in killed:
         stats.after_kill.append(loop.time() - min(killed.values()))
@@ -479,6 +487,7 @@ async def drive(
         loop = asyncio.get_running_loop()
         start = loop.time() + 0.5
         end = start + args.duration
+        stats.settled_at = start + args.join + SETTLE
         wall0, cpu0 = time.monotonic(), self_cpu()
         for coordinator in running:
             coordinator.cpu0 = proc_cpu(coordinator.process.pid)
@@ -531,6 +540,7 @@ def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coo
         f"| {count:,} | {stats.answered:,} / {stats.offered:,.0f} = "
         f"{stats.answered / max(stats.offered, 1):.2f} "
         f"| {pct(stats.latencies, 50) * 1000:.0f} ms | {pct(stats.latencies, 99) * 1000:.0f} ms "
+        f"| {pct(stats.steady, 99) * 1000:.0f} ms "
         f"| {stats.errors} ({kinds}) | {interval:.1f} s (max {max(stats.intervals, default=0):.1f})"
         f" | {mean_bytes:,.0f} / {max_bytes:,} B | {stats.members:,} "
         f"| {pct(stats.announce_latencies, 99) * 1000:.0f} ms ({stats.announce_errors} err) "
@@ -539,10 +549,11 @@ def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coo
 
 
 HEADER = (
-    "| nodes | reports answered / offered | p50 | p99 | errors | interval | reply bytes"
+    "| nodes | reports answered / offered | p50 | p99 | p99 steady | errors | interval"
+    " | reply bytes"
     " mean / max | replies with members | announce p99 | coordinator CPU (cores) |"
     " coordinator CPU per request | coordinator peak RSS | load generator CPU |"
-    " load average |\n|" + "---|" * 14
+    " load average |\n|" + "---|" * 15
 )
 
 
