@@ -408,8 +408,8 @@ def main() -> None:
         sp.add_argument("--cap-mbit", type=float, default=10000)
         sp.add_argument("--count", type=int, default=0, help="exit after N sessions (0: never)")
         sp.add_argument("--trace", type=Path, help="write a time series here (JSON)")
-    parser.add_argument("--size-mb", type=int, default=256, help="loopback file")
-    parser.add_argument("--wan-size-mb", type=int, default=512, help="WAN file")
+    parser.add_argument("--size-mb", type=int, default=1024, help="loopback file")
+    parser.add_argument("--wan-size-mb", type=int, default=1024, help="WAN file")
     parser.add_argument("--link-mbit", type=float, default=500, help="the WAN's rate")
     parser.add_argument(
         "--rate-mbit", type=float, default=1000, help="UDP ask on the WAN (the NIC)"

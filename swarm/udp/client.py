@@ -46,6 +46,10 @@ STALL_TIMEOUT = 10.0
 up: UDP is probably filtered between the two hosts."""
 
 
+DRAIN_TURNS = 4
+"""Receive budgets (64 receives each) the client drains before a REPORT."""
+
+
 class UdpError(SwarmError):
     """The UDP transfer failed; the message says why and what to check."""
 
@@ -194,15 +198,18 @@ class _Fetch:
         loop = asyncio.get_running_loop()
         session = self.session
         while not session.done:
-            # Everything that arrived before a REPORT is decided counts: a block still in
-            # the socket buffer must not be NAKed as lost (the control channel's PROGRESS
-            # may be read before datagrams that preceded it on the wire).
-            for _ in range(64):
+            # A block still in the socket buffer must not be NAKed as lost (the control
+            # channel's PROGRESS may be read before datagrams that preceded it on the
+            # wire): catch up first, or tell the machine we could not (a bounded drain,
+            # so the sink's verdicts and the control channel get their turn).
+            caught_up = False
+            for _ in range(DRAIN_TURNS):
                 if self.on_readable():
+                    caught_up = True
                     break
             now = loop.time()
             reports = session.stats.reports
-            for datagram in session.handle_timer(now):
+            for datagram in session.handle_timer(now, caught_up):
                 if self.data is not None:
                     with contextlib.suppress(OSError):  # lost like any datagram: resent
                         self.data.sock.send(datagram)

@@ -608,8 +608,13 @@ class ClientSession:
             return self._next_report
         return None
 
-    def handle_timer(self, now: float) -> list[bytes]:
-        """Sends REPORTs (control) when due; returns PROBE datagrams for the data socket."""
+    def handle_timer(self, now: float, caught_up: bool = True) -> list[bytes]:
+        """Sends REPORTs (control) when due; returns PROBE datagrams for the data socket.
+
+        ``caught_up``: the edge has fed every datagram its socket holds. When it has not
+        (it is behind), a REPORT NAKs only blocks known lost from what it has seen (gaps,
+        and retransmissions overtaken), not those merely late (the tail after the first
+        pass, or a retransmission not seen yet): they may be waiting in the socket."""
         if self.state is ClientState.PROBING:
             if now < self._next_probe:
                 return []
@@ -618,20 +623,21 @@ class ClientSession:
         if self.state is not ClientState.RECEIVING or now < self._next_report:
             return []
         self._next_report = now + REPORT_INTERVAL
-        self._report(now)
+        self._report(now, caught_up)
         return []
 
     def _seal_probe(self) -> bytes:
         assert self._probe is not None
         return bytes(self._probe.seal_datagram(DGRAM_PROBE, 0, self.session_id, 0, b""))
 
-    def _report(self, now: float) -> None:
+    def _report(self, now: float, caught_up: bool = True) -> None:
         plan = self.plan
         assert plan is not None
         # Gap detection: first-pass blocks arrive in ordinal order, so a missing ordinal well
         # below the highest first-pass one seen was lost (Tsunami's retransmit requests).
         horizon = self._first_high - REORDER_SLACK
-        if self._pass_done and self._pass_done_at is not None and now >= self._pass_done_at:
+        pass_over = self._pass_done_at is not None and now >= self._pass_done_at
+        if self._pass_done and pass_over and caught_up:
             horizon = plan.total
         if horizon > self._scan:
             have = self._have
@@ -642,7 +648,8 @@ class ClientSession:
         echo = max(1, int(now * 1e6))
         naks: list[int] = []
         for ordinal, due in self._outstanding.items():
-            if due <= now:
+            # due 0.0: known lost; later: NAKed before and not seen since (maybe late)
+            if due <= now and (caught_up or due == 0.0):
                 naks.append(ordinal)
                 if len(naks) >= MAX_NAKS_PER_REPORT:
                     break

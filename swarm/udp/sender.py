@@ -61,8 +61,6 @@ from swarm.udp.wire import (
 )
 
 MAX_FREE_BUFFERS = 16
-RETX_LOOKAHEAD = 1024
-"""Retransmissions whose pieces are loaded ahead of their turn (the NAKs of ~1.5 MB)."""
 
 
 class ServerState(enum.Enum):
@@ -167,6 +165,8 @@ class ServerSession:
         self._next_ordinal = 0
         self._retx: deque[int] = deque()
         self._retx_set: set[int] = set()
+        self._retx_pieces: dict[int, int] = {}
+        """Piece index -> how many of its blocks wait in ``_retx`` (oldest NAKed first)."""
         self._loaded: dict[int, memoryview] = {}
         self._loading: set[int] = set()
         self._prefetch = prefetch_pieces
@@ -329,13 +329,17 @@ class ServerSession:
         assert self._plan is not None
         self.stats.reports += 1
         self._last_echo = echo
-        total = self._plan.total
+        plan = self._plan
+        total = plan.total
+        retx_pieces = self._retx_pieces
         for ordinal in naks:
             if ordinal >= total:
                 raise RemoteProtocolError(f"NAK for block {ordinal} of {total}")
             if ordinal not in self._retx_set:
                 self._retx_set.add(ordinal)
                 self._retx.append(ordinal)
+                piece = plan.pieces[plan.locate(ordinal)[0]]
+                retx_pieces[piece] = retx_pieces.get(piece, 0) + 1
         self.stats.naks += len(naks)
         if naks:
             self._pass_done_sent = False
@@ -431,7 +435,7 @@ class ServerSession:
             return
         plan = self._plan
         assert plan is not None
-        needed = {plan.pieces[plan.locate(o)[0]] for o in self._retx}
+        needed = set(self._retx_pieces)
         if self._next_ordinal < plan.total:
             pos = plan.locate(self._next_ordinal)[0]
             needed.update(plan.pieces[pos : pos + self._prefetch + 1])
@@ -445,11 +449,7 @@ class ServerSession:
         plan = self._plan
         if plan is None or self.state is ServerState.DONE:
             return
-        want: list[int] = []
-        for ordinal in itertools.islice(self._retx, RETX_LOOKAHEAD):
-            piece = plan.pieces[plan.locate(ordinal)[0]]
-            if not want or want[-1] != piece:
-                want.append(piece)
+        want = list(itertools.islice(self._retx_pieces, self._cache))
         if self._next_ordinal < plan.total:
             pos = plan.locate(self._next_ordinal)[0]
             want.extend(plan.pieces[pos : pos + self._prefetch + 1])
@@ -567,6 +567,12 @@ class ServerSession:
                 if flags:
                     retx.popleft()
                     self._retx_set.discard(ordinal)
+                    piece_index = pieces[pos]
+                    left = self._retx_pieces[piece_index] - 1
+                    if left:
+                        self._retx_pieces[piece_index] = left
+                    else:
+                        del self._retx_pieces[piece_index]
                     retransmits += 1
                 else:
                     self._next_ordinal += 1

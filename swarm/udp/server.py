@@ -48,9 +48,9 @@ and BitTorrent traffic keep a share."""
 MAX_SESSIONS = 32
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds from TCP accept to a validated UDP path; then the connection is closed."""
-BATCHES_PER_TURN = 8
+BATCHES_PER_TURN = 16
 """Batches sealed per turn of a session's pacer before they are sent (and their buffers
-recycled): up to 512 datagrams, 8 x 64 KiB. More is due at once after a late wake: the
+recycled): up to 1,024 datagrams, 16 x 64 KiB. More is due at once after a late wake: the
 next turn follows without sleeping."""
 IDLE_TIMEOUT = 30.0
 """Seconds without a control frame from the client (it reports every 50 ms)."""
