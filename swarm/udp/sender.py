@@ -221,7 +221,9 @@ class ServerSession:
             if kind != Msg.HELLO or len(body) != len(VERSION_MAGIC) + NONCE_LEN:
                 raise RemoteProtocolError("expected HELLO")
             if not body.startswith(VERSION_MAGIC):
-                raise RemoteProtocolError("unsupported protocol version (want SWUDP1)")
+                raise RemoteProtocolError(
+                    f"unsupported protocol version (want {VERSION_MAGIC.decode()})"
+                )
             self._transcript = body + self._nonce
             self._keys = self._key.session_keys(body[len(VERSION_MAGIC) :], self._nonce)
             side.send_plain(

@@ -3,7 +3,7 @@ block plan both sides derive from REQUEST and ACCEPT. Pure: no socket, clock or 
 
 Handshake (control channel, TCP, frames ``u32 length | u8 type | body``)::
 
-    C -> S  HELLO      "SWUDP1" | client_nonce[32]
+    C -> S  HELLO      "SWUDP2" | client_nonce[32]
     S -> C  CHALLENGE  server_nonce[32] | HMAC(auth_key, "server" | transcript)
     C -> S  AUTH       HMAC(auth_key, "client" | transcript)        (client checks S first)
     C -> S  REQUEST    info_hash[20] | rate u64 | block u32 | n u32 | piece u32 * n   (sealed)
@@ -45,7 +45,9 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-VERSION_MAGIC: Final = b"SWUDP1"
+VERSION_MAGIC: Final = b"SWUDP2"
+"""Version 2: keys from ``cryptography``'s HKDF with a fleet key (version 1 derived them by
+hand, differently): a node of each version says so rather than "wrong fleet secret"."""
 NONCE_LEN: Final = 32
 TAG_LEN: Final = 16
 """AES-GCM tag length (NIST SP 800-38D: the full 128 bits; truncation buys nothing here)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from swarm.udp import protocol as p
+from swarm.udp import wire
 
 SECRET = b"fleet-secret-for-tests-0123456789"
 HASH_HEX = "ab" * 20
@@ -60,6 +61,7 @@ class Sim:
         server_has: Callable[[int], bool] = lambda i: True,
         sink_ok: Callable[[int, bytes, int], bool] | None = None,
         client_secret: bytes = SECRET,
+        batched: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
         self.link = link
@@ -71,9 +73,18 @@ class Sim:
         self.now = 0.0
         self.queue: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()
+        self.batched = batched
+        """GSO/GRO: the server seals batches of up to 8 datagrams; datagrams that arrive
+        at the same instant with one size are handed to the client as one receive."""
         self.server = p.ServerSession(
-            p.FleetKey(SECRET), bytes(range(32)), CLIENT_IP[0], rate_cap_bps
+            p.FleetKey(SECRET),
+            bytes(range(32)),
+            CLIENT_IP[0],
+            rate_cap_bps,
+            max_batch_segments=8 if batched else 1,
+            wake_bytes=8 * (block_size + p.DGRAM_OVERHEAD) if batched else 0,
         )
+        self.receives = 0
         wanted = pieces if pieces is not None else list(range(len(self.pieces)))
         self.client = p.ClientSession(
             p.FleetKey(client_secret),
@@ -151,8 +162,9 @@ class Sim:
                     if self.sink_ok is not None:
                         ok = ok and self.sink_ok(event.index, event.data, n)
                     if ok:
-                        self.kept[event.index] = event.data
+                        self.kept[event.index] = bytes(event.data)
                     self.client.piece_checked(event.index, ok)
+                    self.client.recycle(event.data)
             if not busy:
                 break
         self.server_timer = self.server.next_timer(self.now)
@@ -168,9 +180,24 @@ class Sim:
                 break
             self.now = max(self.now, min(candidates))
             while self.queue and self.queue[0][0] <= self.now:
-                _, _, kind, payload = heapq.heappop(self.queue)
+                when, _, kind, payload = heapq.heappop(self.queue)
                 assert isinstance(payload, bytes)
-                if kind == "to_client":
+                if kind == "to_client" and self.batched:
+                    # GRO: what arrives together in one size (the last may be shorter).
+                    batch = [payload]
+                    while (
+                        self.queue
+                        and self.queue[0][0] == when
+                        and self.queue[0][2] == "to_client"
+                        and len(batch[-1]) == len(payload)
+                        and len(self.queue[0][3]) <= len(payload)  # type: ignore[arg-type]
+                    ):
+                        batch.append(heapq.heappop(self.queue)[3])  # type: ignore[arg-type]
+                    data = b"".join(batch)
+                    self.client.receive_batch(memoryview(data), len(data), len(payload))
+                    self.receives += 1
+                elif kind == "to_client":
+                    self.receives += 1
                     self.client.receive_datagram(payload)
                 elif kind == "to_server":
                     self.server.receive_datagram(payload, CLIENT_IP)
@@ -180,8 +207,18 @@ class Sim:
                     self.server.receive_control(payload, self.now)
                 self.pump()
             if self.server_timer is not None and self.server_timer <= self.now:
-                for dgram in self.server.handle_timer(self.now):
-                    self.datagram(dgram)
+                if self.batched:
+                    for batch in self.server.handle_timer_batches(self.now):
+                        assert batch.count <= 8
+                        sizes = [len(d) for d in batch.datagrams()]
+                        assert len(sizes) == batch.count and set(sizes[:-1]) <= {batch.segment}
+                        assert sizes[-1] <= batch.segment
+                        for dgram in batch.datagrams():
+                            self.datagram(bytes(dgram))
+                        self.server.recycle(batch)
+                else:
+                    for dgram in self.server.handle_timer(self.now):
+                        self.datagram(bytes(dgram))
             if self.client_timer is not None and self.client_timer <= self.now:
                 for dgram in self.client.handle_timer(self.now):
                     self.at(self.now + self.link.delay, "to_server", dgram)
@@ -228,6 +265,20 @@ def test_loss_duplication_and_reordering_still_deliver_exact_bytes(seed: int) ->
     assert sim.server.stats.retransmits > 0
     assert sim.client.stats.naks > 0
     assert sim.client.stats.duplicates > 0
+    assert sim.client.stats.forged == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_batches_gso_and_gro_deliver_the_same_bytes(seed: int) -> None:
+    """Batched sends and receives (GSO/GRO) through the same lossy, duplicating,
+    reordering link: exact bytes, and receives carry several datagrams each."""
+    sim = Sim(Link(loss=0.05, dup=0.03, reorder=0.05), seed=seed, block_size=2048, batched=True)
+    sim.run()
+    sim.assert_complete()
+    assert sorted(sim.kept) == list(range(len(sim.pieces)))
+    assert sim.server.stats.retransmits > 0 and sim.client.stats.duplicates > 0
+    assert sim.server.stats.batches * 3 < sim.server.stats.datagrams
+    assert sim.receives * 2 < sim.client.stats.datagrams
     assert sim.client.stats.forged == 0
 
 
@@ -546,3 +597,97 @@ def test_block_plan_numbers_blocks_in_request_order() -> None:
         (1, 8, 2),
     ]
     assert plan.ordinals(1) == range(2, 5)
+
+
+# -- the datapath's sans-IO side: batches, receiver lag, retransmission inference ------------
+
+
+def test_a_batch_holds_one_piece_run_and_ends_with_a_short_block() -> None:
+    server, client = accepted_pair()
+    server.max_batch_segments = 3
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, bytes(4096 if index == 0 else 8000 - 4096))
+    server.receive_datagram(client.handle_timer(0.0)[0], CLIENT_IP)
+    server.rate = 1e9
+    assert server.handle_timer_batches(0.5) == []  # the pacer's first tick: no tokens yet
+    batches = server.handle_timer_batches(1.0)
+    # piece 0: 4 blocks of 1024; piece 1: 3 of 1024 and one of 832 (8000 - 4096 - 3072)
+    assert [(b.count, b.segment) for b in batches] == [(3, 1062), (3, 1062), (2, 1062)]
+    assert [len(d) for d in batches[-1].datagrams()] == [1062, 870]
+    assert server.stats.batches == 3 and server.stats.datagrams == 8
+    buffers = [b.buffer for b in batches]
+    for batch in batches:
+        server.recycle(batch)
+    assert server._free == buffers  # reused, not reallocated, by the next batches
+
+
+def test_a_lagging_receiver_does_not_nak_the_tail() -> None:
+    """After the sender's first pass, a receiver that has not fed every datagram from its
+    socket (caught_up=False) NAKs no block merely late; once caught up it NAKs the rest."""
+    server, client = accepted_pair()
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, bytes(4096 if index == 0 else 8000 - 4096))
+    server.receive_datagram(client.handle_timer(0.0)[0], CLIENT_IP)
+    client.receive_control(server.data_to_send(), 0.0)  # PATH_OK
+    server.rate = 1e9
+    server.handle_timer(0.4)  # the pacer's first tick
+    dgrams = server.handle_timer(0.5)
+    assert len(dgrams) == 8
+    for dgram in dgrams[:5]:  # the last 3 are still in the socket buffer
+        client.receive_datagram(dgram)
+    server.receive_control(client.data_to_send(), 0.5)
+    client._report(0.5)
+    server.receive_control(client.data_to_send(), 0.6)  # -> PROGRESS pass_done
+    client.receive_control(server.data_to_send(), 0.6)
+    client.handle_timer(1.0, caught_up=False)
+    server.receive_control(client.data_to_send(), 1.0)
+    assert server.stats.naks == 0
+    client.handle_timer(2.0, caught_up=True)
+    server.receive_control(client.data_to_send(), 2.0)
+    assert server.stats.naks == 3
+
+
+def test_a_retransmission_proves_losses_only_before_its_first_nak() -> None:
+    """Block A NAKed (id 0), B and C NAKed later; A NAKed again. A's first retransmission
+    arriving now answers NAK 0, not A's latest: B and C are not presumed lost again."""
+    _, client = accepted_pair()
+    client.state = p.ClientState.RECEIVING
+    a, b, c = 0, 1, 2
+    for ordinal in (a, b, c):
+        client._outstanding[ordinal] = 0.0
+    client._report(1.0)  # ids 0, 1, 2
+    client._outstanding[a] = 0.0
+    client._report(3.0)  # A again: id 3
+    assert client._nak_first[a] == 0 and client._nak_id[a] == 3
+    client._have[a] = 0
+    client._lost_before(client._nak_first.pop(a) - p.REORDER_SLACK)
+    assert client._outstanding[b] > 3.0 and client._outstanding[c] > 3.0
+
+
+def test_a_retransmission_waiting_for_its_piece_does_not_stall_the_first_pass() -> None:
+    server, client = accepted_pair()
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, bytes(4096 if index == 0 else 8000 - 4096))
+    server.receive_datagram(client.handle_timer(0.0)[0], CLIENT_IP)
+    server._next_ordinal = 4  # piece 0 was sent, and left the cache...
+    del server._loaded[0]
+    server.handle_timer(0.5)  # the pacer's first tick
+    server._on_report(wire.REPORT.pack(1, 3, 4, 3, 1) + struct.pack("!I", 2), 0.1)  # ...one lost
+    server.rate = 1e9
+    sent = server.handle_timer(1.0)
+    assert len(sent) == 4 and server.stats.retransmits == 0  # piece 1 went meanwhile
+    assert any(isinstance(e, p.NeedPieces) and 0 in e.pieces for e in server.events())
+    server.piece_loaded(0, bytes(4096))
+    assert len(server.handle_timer(2.0)) == 1 and server.stats.retransmits == 1
+
+
+def test_another_protocol_version_is_named() -> None:
+    server = p.ServerSession(p.FleetKey(SECRET), b"s" * 32, CLIENT_IP[0], 10**9)
+    with pytest.raises(p.RemoteProtocolError, match="want SWUDP2"):
+        server.receive_control(p.frame(p.Msg.HELLO, b"SWUDP1" + b"c" * 32), 0.0)
