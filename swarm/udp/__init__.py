@@ -1,6 +1,10 @@
 """Tsunami-style UDP transfer between nodes: TCP control, rate-paced UDP data.
 
-- :mod:`swarm.udp.protocol`: the sans-IO machines (handshake, framing, rate rule);
+- the sans-IO machines, one module per seam (all re-exported by :mod:`swarm.udp.protocol`):
+  :mod:`~swarm.udp.wire` (format, block plan), :mod:`~swarm.udp.crypto` (HKDF keys,
+  AES-GCM), :mod:`~swarm.udp.rate` (rate rule, pacer), :mod:`~swarm.udp.sender` and
+  :mod:`~swarm.udp.receiver`;
+- :mod:`swarm.udp.datapath`: UDP sockets with GSO sends, GRO receives, no IP fragments;
 - :class:`UdpServer`: what every daemon runs to serve the pieces it holds;
 - :func:`fetch_pieces` / :func:`fetch_pieces_sync`: what the agent's UDP source calls.
 

@@ -26,9 +26,12 @@ START_FRACTION: Final = 0.125
 first cut. Tsunami starts at the target; starting lower keeps a blast far above the
 bottleneck from filling its queue (and every other flow's) before the first report."""
 BURST_SECONDS: Final = 0.02
-"""Token-bucket depth of the pacer in seconds at the current rate (at least 2 datagrams):
-an event loop wakes every ~1 ms, so 4 ms of tokens absorbs a late wake without bursting
-past a tbf bucket (netlab's 500 Mbit bucket holds ~4 ms)."""
+"""Token-bucket depth of the pacer in seconds at the current rate (at least 2 datagrams).
+An event loop wakes every ~1 ms at best; on a busy host a wake can be 10 ms late, and the
+tokens a too-shallow bucket drops are rate never sent: on the shared 2-core lab machine
+(bench/udp.py, 0 ms, 500 Mbit) the emulated link idled 21% of the transfer with a 4 ms
+bucket, 7% with 20 ms. A burst is at most 20 ms of the rate, which a WAN bottleneck's
+buffer (tens of ms) absorbs."""
 
 
 def adapt_rate(
