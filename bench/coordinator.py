@@ -220,6 +220,8 @@ class Stats:
     """Member lists (full or delta) received."""
     error_kinds: dict[str, int] = field(default_factory=dict)
     settled_at: float = float("inf")
+    client_lag: list[float] = field(default_factory=list)
+    """How late the load generator's own 0.1 s timer fired: its latencies include that."""
     after_kill: list[float] = field(default_factory=list)
     """Latencies of reports answered after a coordinator was killed (from the kill)."""
     orphans: int = 0
@@ -491,6 +493,14 @@ async def drive(
         wall0, cpu0 = time.monotonic(), self_cpu()
         for coordinator in running:
             coordinator.cpu0 = proc_cpu(coordinator.process.pid)
+
+        async def probe() -> None:
+            while loop.time() < end:
+                expected = loop.time() + 0.1
+                await asyncio.sleep(0.1)
+                stats.client_lag.append(max(0.0, loop.time() - expected))
+
+        lag_probe = asyncio.create_task(probe())
         tasks = [
             asyncio.create_task(
                 run_node(node, http, stats, start, args.join * i / count, end, args.timeout, killed)
@@ -510,6 +520,7 @@ async def drive(
                     node.orphaned = True
                     stats.orphans += 1
         await asyncio.gather(*tasks)
+        await lag_probe
         wall = time.monotonic() - wall0
         for coordinator in running:
             if coordinator.cpu is None:
@@ -544,7 +555,8 @@ def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coo
         f"| {stats.errors} ({kinds}) | {interval:.1f} s (max {max(stats.intervals, default=0):.1f})"
         f" | {mean_bytes:,.0f} / {max_bytes:,} B | {stats.members:,} "
         f"| {pct(stats.announce_latencies, 99) * 1000:.0f} ms ({stats.announce_errors} err) "
-        f"| {cores} | {per_request:.2f} ms | {rss} MiB | {own_cpu / wall:.2f} | {loadavg()} |"
+        f"| {cores} | {per_request:.2f} ms | {rss} MiB | {own_cpu / wall:.2f} "
+        f"(lag p99 {pct(stats.client_lag, 99) * 1000:.0f} ms) | {loadavg()} |"
     )
 
 
