@@ -85,6 +85,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "origin-bound": {"origin_up": 100, "node_up": 200, "node_down": 200},
     "swarm-bound": {"origin_up": 1000, "node_up": 200, "node_down": 200},
     "slow-uploads": {"origin_up": 1000, "node_up": 20, "node_down": 400},
+    # S3 in the same region: every node can read it at link speed (issue 11).
+    "s3-fast": {"origin_up": 1500, "node_up": 250, "node_down": 250, "nodes": 6},
+    # Both halves useful: S3 alone feeds 8 nodes at 50 Mbit each, peers alone carry
+    # 8 x 100 Mbit of uploads; the bound needs both (T* = N*F/(u_s + sum u)).
+    "mixed": {"origin_up": 400, "node_up": 100, "node_down": 300},
     "existing-seeders": {
         "origin_up": 50,
         "node_up": 200,

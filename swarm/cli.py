@@ -235,8 +235,8 @@ def fetch(
             ("--concurrency", concurrency),
             ("--range-size", range_size),
         )
-        for flag, value in daemon_sized:
-            if value is not None:
+        for flag, number in daemon_sized:
+            if number is not None:
                 raise click.BadParameter(
                     "applies to --no-daemon only (the daemon sizes its S3 reads itself)",
                     param_hint=flag,

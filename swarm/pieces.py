@@ -41,19 +41,19 @@ def default_piece_size(size: int) -> int:
     return piece
 
 
-MAX_PIECE_SIZE = 64 * 1024 * 1024
-"""The largest piece size swarm publishes and accepts: libtorrent refuses torrents whose
-pieces are much larger (a 512 MiB piece made a daemon fetch fail with a 500), and a
+MAX_ACCEPTED_PIECE_SIZE = 64 * 1024 * 1024
+"""The largest ``--piece-size`` swarm publishes and accepts: libtorrent refuses torrents
+whose pieces are much larger (a 512 MiB piece made a daemon fetch fail with a 500), and a
 daemon holds pieces in memory on their way to disk."""
 
 
 def validate_piece_size(piece_size: int) -> None:
     """BitTorrent clients expect a power of two of at least 16 KiB (BEP 3 practice, BEP 52);
-    libtorrent and the daemon's memory bound cap it at :data:`MAX_PIECE_SIZE`."""
-    if piece_size < 16 * KiB or piece_size & (piece_size - 1) or piece_size > MAX_PIECE_SIZE:
+    libtorrent and the daemon's memory bound cap it at :data:`MAX_ACCEPTED_PIECE_SIZE`."""
+    top = MAX_ACCEPTED_PIECE_SIZE
+    if piece_size < 16 * KiB or piece_size & (piece_size - 1) or piece_size > top:
         raise ValueError(
-            f"piece size must be a power of two from 16 KiB to {MAX_PIECE_SIZE >> 20} MiB, "
-            f"got {piece_size}"
+            f"piece size must be a power of two from 16 KiB to {top >> 20} MiB, got {piece_size}"
         )
 
 

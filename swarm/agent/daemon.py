@@ -160,8 +160,15 @@ class Daemon:
                     missing_ok=True
                 )
                 continue
+            # An unfinished fetch may hold pieces the S3 reader wrote itself (direct.py),
+            # which libtorrent's resume data does not list: have it check the file.
             artifact = self._add(
-                manifest, data_path, dest, {"peers"}, trust_resume=clean, verified=verified
+                manifest,
+                data_path,
+                dest,
+                {"peers"},
+                trust_resume=clean and verified,
+                verified=verified,
             )
             artifact.restored = True
             artifact.was_verified = verified
