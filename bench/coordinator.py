@@ -569,6 +569,57 @@ HEADER = (
 )
 
 
+def in_process(sizes: list[int], reports: int = 3000) -> None:
+    """CPU per report and per announce of the coordinator's own code (parse, store,
+    planner, membership, reply encoding; no HTTP), after N nodes joined: flat in N means
+    O(1) per request. ``process_time``, so other processes on the machine matter less."""
+    sys.path.insert(0, str(ROOT))
+    from swarm.coordinator.app import _plan_origin, report_interval
+    from swarm.coordinator.fleet import MemoryPeerStore, parse_epoch, parse_report
+    from swarm.coordinator.origin import StripePlanner
+    from swarm.coordinator.tracker import parse_announce
+
+    print("| nodes | CPU per report | CPU per announce |\n|---|---|---|")
+    for n in sizes:
+        store, planner = MemoryPeerStore(generation="g"), StripePlanner()
+        rng = random.Random(1)
+        nodes = [SimNode(i, random.Random(i), ["-"]) for i in range(n)]
+        now = 1000.0
+        for node in nodes:  # the scale-out
+            node.gain(5.0)
+            report = parse_report(json.loads(node.report(now)))
+            store.report(report, now, 10)
+            _plan_origin(planner, report, now, 1.0)
+            node.members_epoch = store.members(None, now).epoch
+            store.announce(parse_announce(node.announce_query("started")), node.ip, now)
+            now += 0.0001
+        spent = 0.0
+        for _ in range(reports):
+            node = nodes[rng.randrange(n)]
+            node.gain(1.0)
+            body = node.report(now)
+            began = time.process_time()
+            payload = json.loads(body)
+            report = parse_report(payload)
+            interval = report_interval(store.node_count(now), 2000)
+            store.report(report, now, 10)
+            plans, _ = _plan_origin(planner, report, now, interval)
+            members = store.members(parse_epoch(payload.get("members_epoch")), now)
+            json.dumps({"ok": True, "interval": interval, "plans": plans})
+            spent += time.process_time() - began
+            node.members_epoch = members.epoch
+            now += 0.0005
+        began = time.process_time()
+        for _ in range(reports // 3):
+            node = nodes[rng.randrange(n)]
+            announce = parse_announce(node.announce_query(""))
+            store.announce(announce, node.ip, now)
+            store.counts(announce.info_hash, now)
+            now += 0.0005
+        per_announce = (time.process_time() - began) / (reports // 3)
+        print(f"| {n:,} | {spent / reports * 1e6:.0f} us | {per_announce * 1e6:.0f} us |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="250,500,1000,2000,5000", help="fleet sizes")
@@ -589,8 +640,16 @@ def main() -> None:
         "(an open fleet)",
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="time the coordinator's code per report and announce without HTTP, and exit",
+    )
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
+    if args.in_process:
+        in_process(sizes)
+        return
     if any(not 0 < n <= MAX_NODES for n in sizes) or args.duration > 600:
         parser.error(f"fleet sizes must be 1..{MAX_NODES} and --duration at most 600 s")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
