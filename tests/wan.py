@@ -147,6 +147,9 @@ def build_wanem() -> Path:
         if done.returncode != 0:
             raise LabError(f"cannot build {SOURCE}: {done.stderr.strip()[-2000:]}")
         tmp.replace(binary)  # atomic: concurrent builders agree on one file
+        for old in CACHE.glob("wanem-*"):
+            if old != binary:
+                old.unlink(missing_ok=True)  # an older source's build
     return binary
 
 
