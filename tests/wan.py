@@ -20,6 +20,7 @@ Two ways to put it in a lab (:class:`tests.netlab.Lab`):
           ...                      # origin <-> nodes: 100 ms RTT, 0.5% loss each way
           print(wan.stats())       # frames, lost, dropped per direction
           wan.set(Shape.path(rtt_ms=20))   # reshape live (e.g. "TCP catches up")
+          wan.attach_far(lab.host("n4", 1000, 1000))   # a far host added later
 
 - :class:`Wan` directly: any two namespaces, any device names (e.g. one TAP end in each
   of two namespaces as their only link).
@@ -264,6 +265,12 @@ class Wan:
             if answer != "ok":
                 raise LabError(f"wanem refused {shape}: {answer}")
         self.ab, self.ba = ab, ba
+
+    def attach_far(self, host: Host) -> None:
+        """Move a lab host (added after :func:`split_regions`) to the far region."""
+        if self.b.master is None or self.b.netns != host.lab.switch:
+            raise LabError("attach_far needs a Wan made by split_regions")
+        _run([IP, "-n", host.lab.switch, "link", "set", host.port, "master", self.b.master])
 
     def close(self) -> None:
         with self._lock:
