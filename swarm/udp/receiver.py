@@ -660,7 +660,9 @@ class ClientSession:
             self._nak_order.append((self._next_nak_id, ordinal))
             self._nak_at[ordinal] = echo
             self._next_nak_id += 1
-        expected = max(0, self._seq_high - self._seq_high_reported)
+        # u32 on the wire: only a server sealing absurd seqs (a compromised member) gets
+        # near it, and it then reads ~100% loss and slows down.
+        expected = min(0xFFFFFFFF, max(0, self._seq_high - self._seq_high_reported))
         received = min(self._received_interval, expected)
         self._seq_high_reported = self._seq_high
         self._received_interval = 0

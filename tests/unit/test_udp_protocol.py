@@ -691,3 +691,23 @@ def test_another_protocol_version_is_named() -> None:
     server = p.ServerSession(p.FleetKey(SECRET), b"s" * 32, CLIENT_IP[0], 10**9)
     with pytest.raises(p.RemoteProtocolError, match="want SWUDP2"):
         server.receive_control(p.frame(p.Msg.HELLO, b"SWUDP1" + b"c" * 32), 0.0)
+
+
+def test_an_absurd_seq_from_the_server_does_not_break_the_report() -> None:
+    """Found by the fuzzer: an authentic block with seq near 2**64 made the next REPORT's
+    u32 'expected' overflow (struct.error, not a protocol error)."""
+    server, client = accepted_pair()
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, bytes(4096 if index == 0 else 8000 - 4096))
+    server.receive_datagram(client.handle_timer(0.0)[0], CLIENT_IP)
+    client.receive_control(server.data_to_send(), 0.0)  # PATH_OK
+    server._data.counter = 2**64 - 9  # what a misbehaving sender's seq could be
+    server.rate = 1e9
+    server.handle_timer(0.4)
+    for dgram in server.handle_timer(0.5):
+        client.receive_datagram(dgram)
+    client._report(1.0)
+    server.receive_control(client.data_to_send(), 1.0)
+    assert server.stats.reports == 1
