@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swarm.udp import protocol as p
 from swarm.udp import wire
@@ -711,3 +713,65 @@ def test_an_absurd_seq_from_the_server_does_not_break_the_report() -> None:
     client._report(1.0)
     server.receive_control(client.data_to_send(), 1.0)
     assert server.stats.reports == 1
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["good", "dup", "forged", "short", "garbage"]),
+            st.integers(0, 7),
+        ),
+        max_size=12,
+    ),
+    st.integers(1, 4),
+)
+def test_a_gro_batch_is_taken_as_its_datagrams_one_by_one(
+    plan: list[tuple[str, int]], per_receive: int
+) -> None:
+    """receive_batch (the fast path) and receive_datagram (the careful one) agree on any
+    mix of authentic, duplicate, forged and truncated datagrams, and raise nothing."""
+    keys = p.FleetKey(SECRET).session_keys(b"c" * 32, b"s" * 32)
+    sealer = p.Sealer(keys.data_s2c)
+    datagrams: list[bytes] = []
+    for kind, ordinal in plan:
+        payload = bytes([0 if ordinal < 4 else 1]) * (1024 if ordinal != 7 else 832)
+        good = bytes(sealer.seal_datagram(p.DGRAM_DATA, 0, keys.session_id, ordinal, payload))
+        if kind == "dup":
+            datagrams += [good, good]
+        elif kind == "forged":
+            datagrams.append(good[:-1] + bytes([good[-1] ^ 1]))
+        elif kind == "short":
+            datagrams.append(good[:20])
+        elif kind == "garbage":
+            datagrams.append(bytes(40))
+        else:
+            datagrams.append(good)
+    outcomes = []
+    for batched in (False, True):
+        _, client = accepted_pair()
+        client.state = p.ClientState.RECEIVING
+        try:
+            if batched:
+                for i in range(0, len(datagrams), per_receive):
+                    group = datagrams[i : i + per_receive]
+                    if len({len(d) for d in group[:-1]}) > 1 or (
+                        len(group) > 1 and len(group[-1]) > len(group[0])
+                    ):
+                        for d in group:  # not one GRO batch: sizes differ
+                            client.receive_batch(memoryview(d), len(d), len(d))
+                        continue
+                    data = b"".join(group)
+                    client.receive_batch(memoryview(data), len(data), len(group[0]))
+            else:
+                for d in datagrams:
+                    client.receive_datagram(d)
+            error = None
+        except p.RemoteProtocolError as exc:
+            error = type(exc)
+        pieces = [
+            (e.index, bytes(e.data)) for e in client.events() if isinstance(e, p.PieceReceived)
+        ]
+        s = client.stats
+        outcomes.append((error, pieces, s.datagrams, s.bytes, s.duplicates, s.forged))
+    assert outcomes[0] == outcomes[1]
