@@ -583,3 +583,55 @@ def tcp_flows(
 def mathis_mbit(mss: int, rtt_ms: float, loss: float) -> float:
     """The Mathis et al. (1997) estimate of one Reno-like flow: MSS/RTT * 1.22/sqrt(p)."""
     return mss * 8 / (rtt_ms / 1000) * 1.22 / loss**0.5 / 1e6
+
+
+def self_check(mathis_seconds: float = 20.0) -> dict[str, Any]:
+    """The figures tests/fleet/test_wan.py asserts on, measured once (``python -m tests.wan``)."""
+    import statistics
+
+    out: dict[str, Any] = {}
+    with Lab("wchk") as lab:
+        a = lab.host("a", 10_000, 10_000)
+        b = lab.host("b", 10_000, 10_000)
+        link = split_regions(lab, [b], Shape.path(rtt_ms=100))
+        rtts = ping(a, b.ip, 100, 0.02)["rtts_ms"]
+        out["ping 100 ms: min/median/mean/max ms"] = [
+            round(min(rtts), 2),
+            round(statistics.median(rtts), 2),
+            round(statistics.mean(rtts), 2),
+            round(max(rtts), 2),
+        ]
+        link.set(Shape.path(rtt_ms=100, jitter_ms=5))
+        rtts = ping(a, b.ip, 100, 0.02)["rtts_ms"]
+        out["ping 100 ms +-5 ms jitter: mean/stdev ms"] = [
+            round(statistics.mean(rtts), 2),
+            round(statistics.stdev(rtts), 2),
+        ]
+        for loss in (0.005, 0.01):
+            link.set(Shape(loss=loss))
+            measured = udp_loss(a, b, count=100_000, pps=40_000, size=100)["loss"]
+            out[f"loss {loss:g}: measured (x setting)"] = [measured, round(measured / loss, 3)]
+        for mbit in (100, 500):
+            link.set(Shape(rate_mbit=mbit))
+            flow = tcp_flow(a, b, seconds=4, warmup=0.5)
+            out[f"rate {mbit} Mbit: one TCP flow Mbit/s (x 1448/1514 of the rate)"] = [
+                round(flow["mbit"], 1),
+                round(flow["mbit"] / (mbit * 1448 / 1514), 3),
+            ]
+        link.set(Shape.path(rtt_ms=100, loss=0.005))
+        flows = tcp_flows(a, b, count=4, seconds=mathis_seconds, warmup=3)
+        estimate = mathis_mbit(flows[0]["mss"], 100, 0.005)
+        out["100 ms 0.5%: Mathis estimate Mbit/s"] = round(estimate, 3)
+        out["100 ms 0.5%: 4 single CUBIC flows, x Mathis"] = [
+            round(f["mbit"] / estimate, 2) for f in flows
+        ]
+    return out
+
+
+if __name__ == "__main__":
+    from tests.netlab import lab_unavailable
+
+    reason = lab_unavailable() or wanem_unavailable()
+    if reason:
+        sys.exit(f"wan: {reason}")
+    print(json.dumps(self_check(), indent=2))
