@@ -107,6 +107,7 @@ class _Fetch:
         self.data: DataSocket | None = None
         self.error: BaseException | None = None
         self.wake = asyncio.Event()
+        self.timer_wake = asyncio.Event()
         self.refused: str | None = None
         self.checks: set[asyncio.Future[bool]] = set()
         # One thread: the sink sees pieces one at a time, in arrival order, and hashing
@@ -139,6 +140,8 @@ class _Fetch:
                 self.fail(UdpError(f"the UDP server closed the transfer: {event.reason}"))
             elif isinstance(event, p.TransferDone):
                 self.wake.set()
+            elif isinstance(event, p.Accepted):
+                self.timer_wake.set()  # probe the UDP path now, not at the next tick
         self.flush()
 
     def _checked(self, future: asyncio.Future[bool], index: int, data: bytes | bytearray) -> None:
@@ -230,7 +233,9 @@ class _Fetch:
                 )
             due = session.next_timer()
             delay = 0.1 if due is None else min(0.1, max(0.0, due - loop.time()))
-            await asyncio.sleep(delay)
+            self.timer_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.timer_wake.wait(), delay)
 
 
 async def fetch_pieces(
