@@ -183,6 +183,7 @@ def main(argv: list[str]) -> int:
         return 0
     if argv and argv[0] == "origin" and 2 <= len(argv) <= 4:
         catalog, coordinator, wheelhouse = (*argv[1:], None, None)[:3]
+        assert catalog is not None  # argv has 2 to 4 items
         sys.stdout.write(render_origin(catalog, coordinator=coordinator, wheelhouse=wheelhouse))
         return 0
     sys.stderr.write(main.__doc__ or "")

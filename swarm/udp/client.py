@@ -26,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from swarm.errors import AccessDeniedError, SwarmError
 from swarm.udp import protocol as p
@@ -131,9 +133,7 @@ class _Fetch:
             if isinstance(event, p.PieceReceived):
                 future = loop.run_in_executor(self.sink, self.on_piece, event.index, event.data)
                 self.checks.add(future)
-                future.add_done_callback(
-                    lambda f, i=event.index, d=event.data: self._checked(f, i, d)
-                )
+                future.add_done_callback(functools.partial(self._recheck, event.index, event.data))
             elif isinstance(event, p.Refused):
                 self.refused = event.reason
             elif isinstance(event, p.PeerError):
@@ -143,6 +143,9 @@ class _Fetch:
             elif isinstance(event, p.Accepted):
                 self.timer_wake.set()  # probe the UDP path now, not at the next tick
         self.flush()
+
+    def _recheck(self, index: int, data: bytes | bytearray, future: asyncio.Future[bool]) -> None:
+        self._checked(future, index, data)
 
     def _checked(self, future: asyncio.Future[bool], index: int, data: bytes | bytearray) -> None:
         self.checks.discard(future)
@@ -333,7 +336,7 @@ def _block_for_route(host: str, port: int, block_size: int | None) -> int:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
     except OSError:
         return block  # unresolvable: the connection fails next, with its own message
-    mtu = route_mtu(address[0], port, family)
+    mtu = route_mtu(str(address[0]), port, family)
     if mtu is None:
         return block
     return min(block, p.block_size_for_mtu(mtu, family == socket.AF_INET6))
@@ -359,10 +362,14 @@ async def _run(fetch: _Fetch, host: str, port: int, cancel: threading.Event | No
             asyncio.ensure_future(fetch.read_loop(reader)),
             asyncio.ensure_future(fetch.timer_loop(cancel)),
         ]
+
+        def failed(task: asyncio.Future[Any]) -> None:
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                fetch.fail(error)
+
         for task in tasks:
-            task.add_done_callback(
-                lambda t: fetch.fail(t.exception()) if not t.cancelled() and t.exception() else None
-            )
+            task.add_done_callback(failed)
         while fetch.error is None and not (fetch.session.done and not fetch.checks):
             fetch.wake.clear()
             with contextlib.suppress(TimeoutError):
