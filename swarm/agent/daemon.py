@@ -667,7 +667,9 @@ async def serve(
     sock = sock_path(settings.home)
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
-    runner = web.AppRunner(make_api(daemon), access_log=None)
+    # A stop does not wait for API requests still in flight (a fetch request blocked on
+    # an S3 endpoint that never answers would hold it for aiohttp's default 60 s).
+    runner = web.AppRunner(make_api(daemon), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     await web.UnixSite(runner, str(sock)).start()
     os.chmod(sock, 0o600)
