@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from swarm.agent.hybrid import TorrentSink
+from swarm.agent.store import write_at
 from swarm.errors import NoSpaceError
 
 
@@ -74,17 +75,7 @@ class DirectSink:
             return False
         if self.have(index):
             return True
-        view, offset = memoryview(data), self.layout.offset(index)
-        try:
-            while view:
-                written = os.pwrite(self._fd, view, offset)
-                view, offset = view[written:], offset + written
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise NoSpaceError(
-                    f"swarm: no space left writing {self.path} (ENOSPC); free space and rerun"
-                ) from error
-            raise
+        write_at(self._fd, data, self.layout.offset(index), self.path)
         with self._lock:
             self.written.add(index)
             self.torrent.bytes_by_source[source] = (

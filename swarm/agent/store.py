@@ -71,6 +71,22 @@ def check_dest(dest: Path) -> None:
         )
 
 
+def write_at(fd: int, data: bytes | memoryview, offset: int, path: Path) -> None:
+    """Write all of ``data`` at ``offset``; a full disk is :class:`NoSpaceError`."""
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise NoSpaceError(
+                f"swarm: no space left writing {path} (ENOSPC); free space and rerun: the "
+                "fetch resumes where it stopped"
+            ) from error
+        raise
+
+
 def ensure_space(directory: Path, needed: int) -> None:
     stats = os.statvfs(directory)
     free = stats.f_bavail * stats.f_frsize
@@ -184,19 +200,7 @@ class PieceFile:
             return False
         if index in self._have:
             return True
-        view = memoryview(data)
-        offset = self.layout.offset(index)
-        try:
-            while view:
-                written = os.pwrite(self._fd, view, offset)
-                view, offset = view[written:], offset + written
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise NoSpaceError(
-                    f"swarm: no space left writing {self.partial} (ENOSPC); free space and "
-                    "rerun: the fetch resumes where it stopped"
-                ) from error
-            raise
+        write_at(self._fd, data, self.layout.offset(index), self.partial)
         with self._lock:
             self._have.add(index)
             self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + len(data)
