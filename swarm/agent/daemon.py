@@ -46,7 +46,7 @@ from swarm.agent.api import make_api
 from swarm.agent.client import sock_path
 from swarm.agent.destlock import DestLock
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.origin import read_origin
+from swarm.agent.origin import PLAN_TTL, read_origin
 from swarm.agent.registry import Artifact
 from swarm.agent.reporter import report_loop
 from swarm.agent.status import describe
@@ -504,13 +504,16 @@ class Daemon:
             allowed.add(self.listen_ip)
             self.session.admit_only(sorted(allowed))
 
-    def take_plans(self, plans: dict[str, Any]) -> None:
+    def take_plans(self, plans: dict[str, Any], interval: float = 1.0) -> None:
+        """Take the coordinator's plans; one stays fresh for three report intervals (the
+        coordinator stretches the interval as the fleet grows)."""
         now = time.monotonic()
         for info_hash, body in plans.items():
             artifact = self.artifacts.get(info_hash)
             plan = OriginPlan.from_json(body)
             if artifact is not None and plan is not None:
                 artifact.plan, artifact.plan_at = plan, now
+                artifact.plan_ttl = max(PLAN_TTL, 3 * interval)
                 artifact.plan_updated.set()
 
     def snapshot(self) -> dict[str, Any]:

@@ -117,7 +117,7 @@ def read_origin(
             state.finished.wait(0.25)  # all held: libtorrent is flushing
             continue
         now = time.monotonic()
-        plan = artifact.plan if now - artifact.plan_at < PLAN_TTL else None
+        plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
         batch: Batch
         status = state.status
         alone = not has_coordinator and (status is None or not status.num_peers)

@@ -61,6 +61,8 @@ class Artifact:
     plan: OriginPlan | None = None
     """The coordinator's latest origin plan for us."""
     plan_at: float = 0.0
+    plan_ttl: float = 3.0
+    """Seconds the plan stays fresh: three of the coordinator's report intervals."""
     plan_updated: threading.Event = field(default_factory=threading.Event)
     peers_idle_since: float | None = None
     """Since when no connected peer holds a missing piece (None: one does)."""

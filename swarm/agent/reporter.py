@@ -73,17 +73,17 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                         raise OSError(f"HTTP {response.status}")
                     reply = await response.json() if response.status == 200 else {}
                 if isinstance(reply, dict):
-                    daemon.take_plans(reply.get("plans") or {})
-                    if members.apply(reply):
-                        daemon.take_members(sorted(members.ips))
                     asked = reply.get("interval")
                     if isinstance(asked, int | float) and asked > 0:
                         interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(asked)))
+                    daemon.take_plans(reply.get("plans") or {}, interval)
+                    if members.apply(reply):
+                        daemon.take_members(sorted(members.ips))
                 wait = interval
             except (TimeoutError, OSError, ValueError, ClientError) as error:
                 log.debug("report to %s failed: %s", url, error)
                 current = (current + 1) % len(urls)  # the next coordinator, soon
-                wait = min(interval, FAILOVER_WAIT)
+                wait = min(interval, FAILOVER_WAIT) if len(urls) > 1 else interval
             wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), wait)
