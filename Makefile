@@ -37,6 +37,7 @@ $(DEMO_STAMP): $(CREATED) setup.cfg pyproject.toml
 lint: venv
 	$(BIN)/ruff check swarm tests bench
 	$(BIN)/ruff format --check swarm tests bench
+	$(BIN)/mypy
 
 fmt: venv
 	$(BIN)/ruff format swarm tests bench

@@ -257,13 +257,13 @@ class _Load:
 STORE: Final = web.AppKey("store", PeerStore)
 HISTORY: Final = web.AppKey("history", History)
 METRICS: Final = web.AppKey("metrics", _Metrics)
-CLOCK: Final = web.AppKey("clock", Clock)
+CLOCK: Final[web.AppKey[Clock]] = web.AppKey("clock")
 INTERVAL: Final = web.AppKey("interval", int)
 PLANNER: Final = web.AppKey("planner", StripePlanner)
 TOKEN: Final = web.AppKey("token", str)
 BUDGET: Final = web.AppKey("budget", float)
 LOAD: Final = web.AppKey("load", _Load)
-POOL: Final = web.AppKey("pool", ThreadPoolExecutor | None)
+POOL: Final[web.AppKey[ThreadPoolExecutor | None]] = web.AppKey("pool")
 
 WORKERS: Final = 16
 """Worker threads for a store that does round trips (Redis): requests overlap their
@@ -637,11 +637,11 @@ async def _fleet(request: web.Request) -> web.Response:
     snapshot = await _offload(app, app[STORE].snapshot, now)
     history = app[HISTORY].counts()
     planner = app[PLANNER]
-    for artifact in snapshot["artifacts"]:  # type: ignore[union-attr]
+    for artifact in snapshot["artifacts"]:  # type: ignore[union-attr,attr-defined]
         artifact["history"] = history.get(artifact["info_hash"], _NO_HISTORY)
         # per piece, how many reporting nodes hold it (empty before any bitfield report)
         artifact["availability"] = planner.availability(artifact["info_hash"])
-    for node in snapshot["nodes"]:  # type: ignore[union-attr]
+    for node in snapshot["nodes"]:  # type: ignore[union-attr,attr-defined]
         for item in node["artifacts"]:
             rates = planner.rates(node["node"], item["info_hash"])
             item["rates"] = {k: round(v, 1) for k, v in rates.down.items()} if rates else {}
@@ -656,7 +656,7 @@ async def _fleet(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-_NO_HISTORY: Final = {
+_NO_HISTORY: Final[dict[str, object]] = {
     "completed": 0,
     "mean_seconds": None,
     "median_seconds": None,

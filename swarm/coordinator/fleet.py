@@ -1006,7 +1006,7 @@ def _nonneg_float(value: object, name: str, limit: float = MAX_RATE) -> float:
     if not valid:
         shown = "(huge)" if isinstance(value, int) and value.bit_length() >= 128 else repr(value)
         raise ReportError(f"{name} must be a non-negative number up to {limit:g}, got {shown}")
-    return float(value)
+    return float(value)  # type: ignore[arg-type]  # checked above: an int or a float
 
 
 def _artifact(value: object, where: str) -> ArtifactReport:

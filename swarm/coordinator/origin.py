@@ -121,7 +121,7 @@ def set_bits(value: int) -> list[int]:
 
 def lowest_bits(value: int, limit: int) -> list[int]:
     """Up to ``limit`` lowest set bits of ``value``, ascending."""
-    out = []
+    out: list[int] = []
     while value and len(out) < limit:
         low = value & -value
         out.append(low.bit_length() - 1)
@@ -152,8 +152,8 @@ class NodeRates:
     def from_json(cls, data: dict[str, object]) -> NodeRates:
         return cls(
             float(data["at"]),  # type: ignore[arg-type]
-            {str(k): int(v) for k, v in data["counters"].items()},  # type: ignore[union-attr]
-            {str(k): float(v) for k, v in data["down"].items()},  # type: ignore[union-attr]
+            {str(k): int(v) for k, v in data["counters"].items()},  # type: ignore[attr-defined]
+            {str(k): float(v) for k, v in data["down"].items()},  # type: ignore[attr-defined]
             float(data["up"]),  # type: ignore[arg-type]
             float(data["up_peak"]),  # type: ignore[arg-type]
         )
