@@ -113,3 +113,16 @@ def test_deleted_dest_is_no_longer_seeded(fleet, artifact, tmp_path):
     # The node fetches it again on request.
     done_event(node.fetch("index.db", dest), 120)
     assert sha256(dest) == sha256(artifact)
+
+
+def test_copy_gives_a_private_writable_dest_and_a_second_dest_is_a_copy(fleet, artifact, tmp_path):
+    node = fleet.node(60)
+    first, second = tmp_path / "private.db", tmp_path / "second.db"
+    done_event(node.fetch("index.db", first, "--copy"), 120)
+    assert first.stat().st_mode & 0o777 == 0o644  # the application may write to it
+    (status,) = node.artifacts()
+    assert Path(status["path"]) != first and status["state"] == "seeding"  # its own copy
+    with first.open("r+b") as f:  # writing the private copy does not touch what is seeded
+        f.write(b"\0" * 16)
+    done_event(node.fetch("index.db", second), 60)
+    assert sha256(second) == sha256(artifact) == sha256(Path(status["path"]))
