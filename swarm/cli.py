@@ -414,8 +414,10 @@ def daemon(
 ) -> None:
     """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
     import asyncio
+    import faulthandler
     import gc
 
+    faulthandler.enable()  # a crash in libtorrent's native code leaves its stack in the log
     # Its imports (aiohttp, botocore, libtorrent: ~0.4 CPU-s) allocate objects that live
     # as long as the process; collecting during them only re-scans them. Freeze them out
     # of later collections too.

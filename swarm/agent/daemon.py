@@ -152,7 +152,16 @@ class Daemon:
             except SwarmError as error:
                 log.warning("skipping %s: %s", path, error)
                 continue
-            data_path, dest, verified = registry.load_record(self.home, manifest)
+            try:
+                data_path, dest, verified = registry.load_record(self.home, manifest)
+            except registry.FileReplacedError as replaced:
+                log.warning(
+                    "not seeding %s: %s was replaced while the daemon was stopped",
+                    manifest.name,
+                    replaced,
+                )
+                registry.forget_record(self.home, manifest.info_hash)
+                continue
             if not data_path.exists():
                 log.warning("not seeding %s: its data %s is gone", manifest.name, data_path)
                 registry.forget_record(self.home, manifest.info_hash)

@@ -106,7 +106,14 @@ def save_record(
     (folder / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
     record = folder / f"{manifest.info_hash}.json"
     tmp = record.with_name(record.name + ".tmp")
-    body = {"path": str(path), "dest": str(dest) if dest else None, "verified": verified}
+    body: dict[str, object] = {
+        "path": str(path),
+        "dest": str(dest) if dest else None,
+        "verified": verified,
+    }
+    if verified:  # which file was verified: another one there later is not seeded
+        stat = path.stat()
+        body["file"] = [stat.st_ino, stat.st_size, stat.st_mtime_ns]
     tmp.write_text(json.dumps(body))
     os.replace(tmp, record)
 
@@ -121,11 +128,21 @@ def load_record(home: Path, manifest: Manifest) -> tuple[Path, Path | None, bool
         path = Path(body["path"])
         dest = Path(body["dest"]) if body.get("dest") else None
         verified = bool(body.get("verified"))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        if verified and body.get("file") is not None:
+            stat = path.stat()
+            if list(body["file"]) != [stat.st_ino, stat.st_size, stat.st_mtime_ns]:
+                raise FileReplacedError(path)
+    except FileNotFoundError:
+        return path if record.exists() else default, None, False
+    except (ValueError, KeyError, TypeError):
         return default, None, False
     if not path.is_absolute() or (dest is not None and not dest.is_absolute()):
         return default, None, False
     return path, dest, verified
+
+
+class FileReplacedError(Exception):
+    """A verified artifact's file was replaced while the daemon was not watching."""
 
 
 def forget_record(home: Path, info_hash: str) -> None:

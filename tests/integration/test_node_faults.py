@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tests.conftest import SIZE
 from tests.servers import FaultProxy, Faults, wait_until
-from tests.swarmnet import Swarm, done_event
+from tests.swarmnet import Swarm, done_event, running
 
 OUTAGE = 90.0
 """Seconds S3 refuses every body read with 503 SlowDown (throttling during a large
@@ -126,3 +127,22 @@ def test_copy_gives_a_private_writable_dest_and_a_second_dest_is_a_copy(fleet, a
         f.write(b"\0" * 16)
     done_event(node.fetch("index.db", second), 60)
     assert sha256(second) == sha256(artifact) == sha256(Path(status["path"]))
+
+
+def test_dest_replaced_while_the_daemon_was_stopped_is_not_seeded(fleet, artifact, tmp_path):
+    node = fleet.node(61)
+    dest = tmp_path / "held.db"
+    done_event(node.fetch("index.db", dest), 120)
+    pid = node.daemon_pid()
+    assert pid
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not running(pid), 15, "the daemon to stop")
+    dest.unlink()
+    dest.write_bytes(b"the application's own file")  # another file at DEST meanwhile
+    fleet.start_daemon(node)
+    assert node.artifacts() == []  # restored before the API answered: nothing to seed
+    assert (
+        "was replaced while the daemon was stopped"
+        in (node.home / "daemon-started.log").read_text()
+    )
+    assert dest.read_bytes() == b"the application's own file"  # and left alone

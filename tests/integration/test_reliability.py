@@ -40,12 +40,16 @@ def data_file(node: Node) -> Path:
 
 
 def corrupt(path: Path, pieces: list[int]) -> None:
+    """Flip a byte in each of ``pieces`` as a failing disk would: silently, the file's
+    mtime unchanged (a file visibly rewritten is not seeded at all after a restart)."""
+    before = path.stat()
     with path.open("r+b") as f:
         for index in pieces:
             f.seek(index * PIECE + 100)
             byte = f.read(1)
             f.seek(index * PIECE + 100)
             f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def test_corrupt_peer_is_banned_and_no_corrupt_byte_reaches_dest(fleet, artifact, tmp_path):
