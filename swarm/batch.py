@@ -35,6 +35,8 @@ class BatchKind(StrEnum):
 class Batch:
     kind: BatchKind
     pieces: list[int]
+    direct: int = 0
+    """How many of ``pieces`` (the last ones) are the plan's direct share."""
 
 
 def all_missing(missing: Sequence[int]) -> Batch:
@@ -48,15 +50,26 @@ def planned_batch(
     availability: Sequence[int],
     in_flight: set[int],
     offset: int,
+    direct_budget: int = 0,
 ) -> Batch:
     """The batch a coordinator's plan asks for.
 
-    STRIPE: the plan's stripe minus what is held; when the stripe is done and the plan
-    says ``fill``, one rare piece (:data:`FILL_PIECES`). WIDE: the stripe first, then
-    every other missing piece in :func:`wide_pieces` order.
+    ALL: every missing piece (S3 feeds every node at link speed). STRIPE: the plan's
+    stripe minus what is held, then up to ``direct_budget`` more pieces for this node
+    alone (the allocation's direct share, in :func:`wide_pieces` order); when neither is
+    left and the plan says ``fill``, one rare piece (:data:`FILL_PIECES`). WIDE: the
+    stripe first, then every other missing piece in :func:`wide_pieces` order.
     """
+    if plan.mode == Mode.ALL:
+        return all_missing(missing)
     stripe = [p for p in plan.stripe if p not in held]
     if plan.mode != Mode.WIDE:
+        if direct_budget > 0:
+            taken = set(stripe)
+            order = wide_pieces(missing, availability, in_flight, direct_budget + len(taken))
+            extra = [p for p in order if p not in taken][:direct_budget]
+            if extra:
+                return Batch(BatchKind.STRIPE, stripe + extra, direct=len(extra))
         if not stripe and plan.fill:
             return Batch(
                 BatchKind.FILL,

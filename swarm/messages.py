@@ -158,6 +158,8 @@ class OriginPlan:
     mode: str = "stripe"
     fill: bool = False
     s3_estimate: float | None = None
+    direct: float = 0.0
+    """Share of the artifact to read from S3 for this node alone, besides the stripe."""
 
     @classmethod
     def from_json(cls, body: object) -> OriginPlan | None:
@@ -168,9 +170,11 @@ class OriginPlan:
         if not isinstance(stripe, list) or not all(isinstance(p, int) for p in stripe):
             return None
         estimate = body.get("s3_estimate")
+        direct = body.get("direct")
         return cls(
             stripe=tuple(stripe),
             mode=str(body.get("mode") or "stripe"),
             fill=bool(body.get("fill")),
             s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
+            direct=min(1.0, max(0.0, float(direct))) if isinstance(direct, int | float) else 0.0,
         )

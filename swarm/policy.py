@@ -106,6 +106,10 @@ def may_fill(peers_rate: float, s3_estimate: float | None) -> bool:
 class Mode(StrEnum):
     STRIPE = "stripe"
     WIDE = "wide"
+    ALL = "all"
+    """Every missing piece from S3 at full width: set by the coordinator's allocation
+    (:mod:`swarm.coordinator.allocate`) when S3 feeds every node at link speed, never
+    by :func:`decide`."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ whether to try again). The batch choice is pure (:mod:`swarm.batch`,
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -111,49 +112,70 @@ def read_origin(
         return
     handle = state.handle
     in_flight = InFlight(handle)
-    while not artifact.complete_on_disk() and not artifact.cancel.is_set():
-        missing = artifact.missing()
-        if not missing:
-            state.finished.wait(0.25)  # all held: libtorrent is flushing
-            continue
-        now = time.monotonic()
-        plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
-        batch: Batch
-        status = state.status
-        alone = not has_coordinator and (status is None or not status.num_peers)
-        if s3_only or alone:
-            # Nobody to share with (no coordinator to stripe, no peer connected): read all
-            # of it at full width, like s5cmd. With a coordinator, its plan decides (and
-            # the local policy when the plan is stale: the fleet may still be striping).
-            batch = all_missing(missing)
-        elif plan is not None:
-            held = artifact.direct.held() if artifact.direct is not None else state.held
-            batch = planned_batch(
-                plan, missing, held, handle.piece_availability(), in_flight(), local.offset
-            )
-        else:
-            pieces = local.choose(
-                missing,
-                handle.piece_availability(),
-                in_flight(),
-                batch_pieces,
-                piece_size=manifest.piece_size,
-                peers_rate=float(status.download_payload_rate) if status is not None else 0.0,
-                s3_bytes=sink.bytes_by_source.get("s3", 0),
-                now=now,
-            )
-            kind = BatchKind.WIDE if local.state.mode == "wide" else BatchKind.STRIPE
-            batch = Batch(kind, pieces)
-        artifact.plan_updated.clear()
-        if not batch.pieces:
-            artifact.plan_updated.wait(0.25)
-            continue
-        if batch.kind is BatchKind.ALL and artifact.direct is None:
-            if status is None or status.state in CHECKING:
-                state.finished.wait(0.05)  # libtorrent is still looking at the file
+    upload_only = False
+    try:
+        while not artifact.complete_on_disk() and not artifact.cancel.is_set():
+            missing = artifact.missing()
+            if not missing:
+                state.finished.wait(0.25)  # all held: libtorrent is flushing
                 continue
-            artifact.direct = DirectSink(sink, artifact.data_path)
-        read(batch)
-        if plan is not None and batch.kind is not BatchKind.FILL:
-            wake_reporter()  # report the finished stripe, for the next
-            artifact.plan_updated.wait(0.5)
+            now = time.monotonic()
+            plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
+            batch: Batch
+            status = state.status
+            alone = not has_coordinator and (status is None or not status.num_peers)
+            if s3_only or alone:
+                # Nobody to share with (no coordinator to stripe, no peer connected): read all
+                # of it at full width, like s5cmd. With a coordinator, its plan decides (and
+                # the local policy when the plan is stale: the fleet may still be striping).
+                batch = all_missing(missing)
+            elif plan is not None:
+                held = artifact.direct.held() if artifact.direct is not None else state.held
+                budget = math.ceil(plan.direct * manifest.layout.count) - artifact.direct_pieces
+                batch = planned_batch(
+                    plan,
+                    missing,
+                    held,
+                    handle.piece_availability(),
+                    in_flight(),
+                    local.offset,
+                    direct_budget=budget,
+                )
+            else:
+                pieces = local.choose(
+                    missing,
+                    handle.piece_availability(),
+                    in_flight(),
+                    batch_pieces,
+                    piece_size=manifest.piece_size,
+                    peers_rate=float(status.download_payload_rate) if status is not None else 0.0,
+                    s3_bytes=sink.bytes_by_source.get("s3", 0),
+                    now=now,
+                )
+                kind = BatchKind.WIDE if local.state.mode == "wide" else BatchKind.STRIPE
+                batch = Batch(kind, pieces)
+            artifact.plan_updated.clear()
+            if not batch.pieces:
+                artifact.plan_updated.wait(0.25)
+                continue
+            if batch.kind is BatchKind.ALL and artifact.direct is None:
+                if status is None or status.state in CHECKING:
+                    state.finished.wait(0.05)  # libtorrent is still looking at the file
+                    continue
+                artifact.direct = DirectSink(sink, artifact.data_path)
+            if plan is not None and not s3_only:
+                # the coordinator's ALL: S3 feeds this node at link speed; peers only take
+                # from it (they get what libtorrent holds), and nothing comes twice
+                all_from_s3 = batch.kind is BatchKind.ALL
+                if all_from_s3 != upload_only:
+                    session.upload_only(manifest.info_hash, all_from_s3)
+                    upload_only = all_from_s3
+            read(batch)
+            artifact.direct_pieces += batch.direct
+            if plan is not None and batch.kind is not BatchKind.FILL:
+                wake_reporter()  # report the finished stripe, for the next
+                artifact.plan_updated.wait(0.5)
+    finally:
+        if upload_only:  # peers may help again (a later request, a restart of this reader)
+            with contextlib.suppress(KeyError, RuntimeError):
+                session.upload_only(manifest.info_hash, False)

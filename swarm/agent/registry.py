@@ -64,6 +64,8 @@ class Artifact:
     plan_ttl: float = 3.0
     """Seconds the plan stays fresh: three of the coordinator's report intervals."""
     plan_updated: threading.Event = field(default_factory=threading.Event)
+    direct_pieces: int = 0
+    """Pieces read from S3 as the plan's direct share (against ``plan.direct``)."""
     peers_idle_since: float | None = None
     """Since when no connected peer holds a missing piece (None: one does)."""
     inode: int | None = None

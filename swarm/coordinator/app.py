@@ -641,6 +641,8 @@ async def _fleet(request: web.Request) -> web.Response:
         artifact["history"] = history.get(artifact["info_hash"], _NO_HISTORY)
         # per piece, how many reporting nodes hold it (empty before any bitfield report)
         artifact["availability"] = planner.availability(artifact["info_hash"])
+        # the allocation's mode, direct share and predicted finish beside the bound
+        artifact["allocation"] = planner.capacity.describe(artifact["info_hash"])
     for node in snapshot["nodes"]:  # type: ignore[union-attr,attr-defined]
         for item in node["artifacts"]:
             rates = planner.rates(node["node"], item["info_hash"])

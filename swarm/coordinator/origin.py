@@ -42,6 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from swarm.coordinator.allocate import Mode as AllocationMode
+from swarm.coordinator.capacity import CapacityBook
 from swarm.policy import MixState, Mode, decide, ema, may_fill, rate, s3_capacity
 
 STRIPE_BYTES: Final = 8 << 20
@@ -138,6 +140,9 @@ class NodeRates:
     down: dict[str, float] = field(default_factory=dict)
     up: float = 0.0
     up_peak: float = 0.0
+    down_peak: float = 0.0
+    """Peak of the total download rate (every source): the node's download capacity as
+    far as it has shown it."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -146,6 +151,7 @@ class NodeRates:
             "down": self.down,
             "up": self.up,
             "up_peak": self.up_peak,
+            "down_peak": self.down_peak,
         }
 
     @classmethod
@@ -156,6 +162,7 @@ class NodeRates:
             {str(k): float(v) for k, v in data["down"].items()},  # type: ignore[attr-defined]
             float(data["up"]),  # type: ignore[arg-type]
             float(data["up_peak"]),  # type: ignore[arg-type]
+            float(data.get("down_peak", 0.0)),  # type: ignore[arg-type]
         )
 
 
@@ -171,7 +178,14 @@ def update_rates(
         sample = rate(previous.counters.get(source, 0), total, dt)
         down[source] = ema(down.get(source), sample, dt)
     up = ema(previous.up, up_rate, dt)
-    return NodeRates(max(previous.at, now), dict(counters), down, up, max(previous.up_peak, up))
+    return NodeRates(
+        max(previous.at, now),
+        dict(counters),
+        down,
+        up,
+        max(previous.up_peak, up),
+        max(previous.down_peak, sum(down.values())),
+    )
 
 
 def spare_upload(rates: Iterable[NodeRates]) -> float:
@@ -196,6 +210,9 @@ class OriginPlan:
     (:func:`swarm.policy.may_fill`): it may read rare pieces one GET at a time."""
     rates: NodeRates | None = field(default=None, compare=False)
     """The node's rates after this report (not sent: for the tracker's ranking)."""
+    direct: float = 0.0
+    """Share of the artifact the node should read from S3 for itself besides its stripe
+    (the allocation's direct part, :mod:`swarm.coordinator.allocate`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -203,6 +220,7 @@ class OriginPlan:
             "mode": self.mode.value,
             "s3_estimate": self.s3_estimate,
             "fill": self.fill,
+            "direct": self.direct,
         }
 
 
@@ -528,6 +546,7 @@ class StripePlanner:
         self.stall_seconds = stall_seconds
         self.max_readers = max_readers
         self.state = state if state is not None else MemoryPlanState()
+        self.capacity = CapacityBook()
 
     def check(self, info_hash: str, piece_size: int, count: int) -> None:
         """Raise :class:`GeometryError` if ``info_hash`` is known with another geometry."""
@@ -553,6 +572,14 @@ class StripePlanner:
         if view is None:  # past the state's bounds: the node decides alone
             return OriginPlan([], Mode.STRIPE, None)
         rates = update_rates(view.rates, counters, up_rate, now)
+        self.capacity.update(
+            node,
+            info_hash,
+            piece_size * count,
+            down_peak=rates.down_peak,
+            up_peak=rates.up_peak,
+            complete=complete,
+        )
         # the readers' S3 rates, this node's as of this report
         s3 = {n: r for n, r in view.reader_s3}
         if node in s3:
@@ -602,15 +629,31 @@ class StripePlanner:
             )
         )
         fill = may_fill(peers, estimate) and done.spread
-        return OriginPlan(done.stripe, state.mode, estimate, fill, rates)
+        mode, direct = state.mode, 0.0
+        if done.spread:
+            # Every piece has left the origin (or is on its way): from here what S3
+            # still gives is the allocation's direct share. Before, stripes are right in
+            # every shape (distinct pieces, read at full width), and the snapshot needs
+            # them: a node's download capacity shows once peers add to its S3 reads.
+            readers = len(view.reader_s3)
+            allocation = self.capacity.allocation(info_hash, estimate, readers, now)
+            if allocation is not None and allocation.mode is AllocationMode.ALL:
+                mode = Mode.ALL
+            elif allocation is not None and mode is Mode.STRIPE:
+                direct = allocation.direct
+        return OriginPlan(done.stripe, mode, estimate, fill, rates, direct)
 
     def prune(self, alive: set[str]) -> None:
         """Forget nodes that stopped reporting: their stripes go back to the pool."""
-        self.state.forget(self.state.known_nodes() - alive)
+        gone = self.state.known_nodes() - alive
+        self.state.forget(gone)
+        self.capacity.forget(gone)
 
     def forget(self, nodes: Iterable[str]) -> None:
         """Forget these nodes (expired from the fleet)."""
+        nodes = list(nodes)
         self.state.forget(nodes)
+        self.capacity.forget(nodes)
 
     def mode(self, node: str, info_hash: str) -> str | None:
         """The node's current origin mode for the artifact (None if it is not fetching)."""

@@ -290,6 +290,16 @@ class TorrentSession:
         state.handle.rename_file(0, name)
         return state.renamed.result(timeout)
 
+    def upload_only(self, info_hash: str, on: bool) -> None:
+        """Stop (or resume) downloading from peers while still serving them: the S3
+        reader takes every missing piece itself (a coordinator's ALL plan), and a peer's
+        copy of a piece S3 is already bringing would only take the node's downlink."""
+        handle = self.torrents[info_hash].handle
+        if on:
+            handle.set_flags(lt.torrent_flags.upload_mode)
+        else:
+            handle.unset_flags(lt.torrent_flags.upload_mode)
+
     def pause(self, info_hash: str, timeout: float = 30.0) -> bool:
         state = self.torrents[info_hash]
         state.paused.clear()

@@ -156,9 +156,11 @@ def test_local_policy_choices():
     assert got == [0, 1, 4, 5] and local.state.mode is Mode.STRIPE
 
 
-def test_a_slow_swarm_widens_after_the_stripes_are_done():
-    """Once every piece is held somewhere nobody reads the origin, yet a node the swarm
-    serves slowly must still widen: the last per-reader S3 rate is remembered."""
+def test_s3_at_link_speed_means_all_once_the_stripes_are_spread():
+    """Once every piece has left the origin, a node that S3 served at the best rate it
+    has shown (its link, as far as anyone knows) reads the rest from S3 too (ALL), at
+    once: S3 feeds it as fast as anything could, and peers need not ramp up. The last
+    per-reader S3 rate is remembered though nobody reads the origin any more."""
     planner = StripePlanner(stripe_bytes=32 * MiB)
     low, high = (1 << 32) - 1, ((1 << 32) - 1) << 32
     _plan(planner, "a", now=0.0)
@@ -167,10 +169,8 @@ def test_a_slow_swarm_widens_after_the_stripes_are_done():
     a = _plan(planner, "a", held=low, now=1.0, s3=32 * MiB)
     b = _plan(planner, "b", held=high, now=1.0, s3=32 * MiB)
     assert a.stripe == [] and b.stripe == [] and b.s3_estimate
-    # b misses a's 32 pieces and its peers give it nothing: WIDE on the next report (the
-    # condition held over two reports), not at once
-    assert b.mode is Mode.STRIPE
-    assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB).mode is Mode.WIDE
+    assert a.mode is Mode.ALL and b.mode is Mode.ALL
+    assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB).mode is Mode.ALL
 
 
 def test_default_stripes_share_the_object_among_a_scale_out():

@@ -1,0 +1,136 @@
+"""The capacity snapshot the allocator works from, kept from the nodes' reports.
+
+Per artifact, each reporting node's link estimates: its download capacity is the peak
+of its total download rate (all sources), its upload capacity the peak of its upload
+rate, or its download capacity while it has not uploaded at full rate yet (cloud links
+are symmetric far more often than not; a node whose uploads prove slow is caught by the
+node's own WIDE switch, :func:`swarm.policy.decide`). S3's aggregate rate is the
+per-reader estimate times the readers, or unlimited while a reader gets its whole link
+from S3.
+
+A report costs O(1) (one node's entry replaced); the allocation is recomputed from the
+entries at most every ``SNAPSHOT_PERIOD`` seconds per artifact, O(fleet) then. The book
+lives in this process: with several coordinators behind one name, each allocates from
+the nodes that report to it, a sample of the fleet whose per-node averages are the
+fleet's; S3's aggregate then counts this coordinator's readers, which errs towards
+striping (S3 looks smaller than it is).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from swarm.coordinator.allocate import Allocation, Snapshot, allocate, bound
+
+SNAPSHOT_PERIOD: Final = 1.0
+"""Seconds an artifact's allocation is reused before it is recomputed from the book."""
+
+LINK_BOUND_RATIO: Final = 0.8
+"""A reader getting at least this share of its download capacity from S3 is limited by
+its own link, not by S3: S3's aggregate is then taken as unlimited."""
+
+
+@dataclass
+class _Link:
+    down: float
+    up: float
+
+
+@dataclass
+class _Artifact:
+    size: int
+    links: dict[str, _Link] = field(default_factory=dict)
+    complete: dict[str, float] = field(default_factory=dict)
+    """Upload capacity of nodes that hold the whole artifact (seeders)."""
+    allocation: Allocation | None = None
+    bound: float = 0.0
+    at: float = -math.inf
+
+
+class CapacityBook:
+    def __init__(self) -> None:
+        self._artifacts: dict[str, _Artifact] = {}
+        self._by_node: dict[str, set[str]] = {}
+
+    def update(
+        self,
+        node: str,
+        info_hash: str,
+        size: int,
+        *,
+        down_peak: float,
+        up_peak: float,
+        complete: bool,
+    ) -> None:
+        art = self._artifacts.get(info_hash)
+        if art is None:
+            art = self._artifacts[info_hash] = _Artifact(size)
+        self._by_node.setdefault(node, set()).add(info_hash)
+        if complete:
+            art.links.pop(node, None)
+            art.complete[node] = up_peak
+        else:
+            art.links[node] = _Link(down_peak, up_peak)
+
+    def allocation(
+        self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
+    ) -> Allocation | None:
+        """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``;
+        None while nothing is known of S3's rate or the nodes' links."""
+        art = self._artifacts.get(info_hash)
+        if art is None:
+            return None
+        if now - art.at < SNAPSHOT_PERIOD:
+            return art.allocation
+        art.at = now
+        snap = snapshot(art.size, art.links.values(), art.complete.values(), s3_per_reader, readers)
+        art.allocation = allocate(snap) if snap is not None else None
+        art.bound = bound(snap) if snap is not None else 0.0
+        return art.allocation
+
+    def describe(self, info_hash: str) -> dict[str, object] | None:
+        """The last allocation and the bound it was computed against (fleet view)."""
+        art = self._artifacts.get(info_hash)
+        if art is None or art.allocation is None:
+            return None
+        plan = art.allocation
+        return {
+            "mode": plan.mode.value,
+            "direct": round(plan.direct, 3),
+            "predicted_seconds": round(plan.finish, 2),
+            "bound_seconds": round(art.bound, 2),
+        }
+
+    def forget(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            for info_hash in self._by_node.pop(node, ()):
+                art = self._artifacts.get(info_hash)
+                if art is None:
+                    continue
+                art.links.pop(node, None)
+                art.complete.pop(node, None)
+                if not art.links and not art.complete:
+                    del self._artifacts[info_hash]
+
+
+def snapshot(
+    size: int,
+    links: Iterable[_Link],
+    seeders: Iterable[float],
+    s3_per_reader: float | None,
+    readers: int,
+) -> Snapshot | None:
+    fetching = [link for link in links if link.down > 0]
+    if not fetching or not s3_per_reader or s3_per_reader <= 0:
+        return None
+    down = statistics.median(link.down for link in fetching)
+    up = statistics.fmean(max(link.up, link.down) for link in fetching)
+    if s3_per_reader >= LINK_BOUND_RATIO * down:
+        origin = math.inf
+    else:
+        origin = s3_per_reader * max(1, readers)
+    return Snapshot(size, len(fetching), down, up, origin, sum(seeders))

@@ -1,0 +1,100 @@
+"""The fleet allocator (swarm/coordinator/allocate.py) on the fleet bench's shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
+from swarm.coordinator.capacity import CapacityBook
+
+MBIT = 1e6 / 8
+F = 128 << 20
+
+# (origin up, node up, node down, nodes, seeders x upload) in Mbit/s, as bench/fleet.py's
+# scenarios define them
+SHAPES = {
+    "origin-bound": (100, 200, 200, 8, 0),
+    "swarm-bound": (1000, 200, 200, 8, 0),
+    "slow-uploads": (1000, 20, 400, 8, 0),
+    "s3-fast": (1500, 250, 250, 6, 0),
+    "mixed": (400, 100, 300, 8, 0),
+    "existing-seeders": (50, 200, 200, 8, 2 * 200),
+}
+
+
+def snap(shape: str) -> Snapshot:
+    origin, up, down, nodes, seeders = SHAPES[shape]
+    return Snapshot(F, nodes, down * MBIT, up * MBIT, origin * MBIT, seeders * MBIT)
+
+
+def kumar_ross(shape: str) -> float:
+    """T* as bench/fleet.py computes it (written out again, not imported)."""
+    origin, up, down, nodes, seeders = SHAPES[shape]
+    servers = (origin + seeders) * MBIT
+    return max(F / servers, F / (down * MBIT), nodes * F / (servers + nodes * up * MBIT))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_predicted_finish_is_within_10_percent_of_the_bound(shape: str) -> None:
+    plan = allocate(snap(shape))
+    assert plan.finish == pytest.approx(kumar_ross(shape), rel=0.10)
+    assert bound(snap(shape)) == pytest.approx(kumar_ross(shape), rel=1e-9)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_plan_is_feasible(shape: str) -> None:
+    """Every node receives the plan's rate; S3 (with the seeders) sends no more than it
+    can: each relayed byte once, each direct byte once per node; relays fit the uploads."""
+    s = snap(shape)
+    plan = allocate(s)
+    rate = plan.rate
+    assert rate <= s.down * (1 + 1e-9)
+    relay, direct = plan.relay * rate, plan.direct * rate
+    assert relay + s.nodes * direct <= (s.origin + s.seeders) * (1 + 1e-6)
+    # what peers carry: each node forwards its part of the relay to the others
+    assert relay * (s.nodes - 1) <= s.nodes * s.up * (1 + 1e-6) + s.seeders * s.nodes
+
+
+def test_modes_per_shape() -> None:
+    """S3 fast enough for every node: all of it from S3. The origin the bottleneck: each
+    piece leaves it once. In between: a direct share, larger where uploads are slow."""
+    assert allocate(snap("s3-fast")).mode is Mode.ALL
+    for shape in ("origin-bound", "existing-seeders"):
+        plan = allocate(snap(shape))
+        assert plan.mode is Mode.STRIPE and plan.direct == 0.0
+    mixed, slow = allocate(snap("mixed")), allocate(snap("slow-uploads"))
+    assert mixed.mode is Mode.MIX and 0.15 < mixed.direct < 0.35
+    assert slow.mode is Mode.MIX and slow.direct > mixed.direct
+
+
+def test_unlimited_s3_reads_everything_from_s3() -> None:
+    s = Snapshot(F, 100, 250 * MBIT, 250 * MBIT, math.inf)
+    plan = allocate(s)
+    assert plan.mode is Mode.ALL and plan.finish == pytest.approx(F / (250 * MBIT))
+
+
+def test_capacity_book_takes_s3_as_unlimited_while_readers_get_their_links() -> None:
+    book = CapacityBook()
+    for i in range(6):
+        book.update(f"n{i}", "ih", F, down_peak=30 * MBIT * 8, up_peak=0.0, complete=False)
+    # S3 gave each reader about its link: S3 is not the limit
+    plan = book.allocation("ih", 29 * MBIT * 8, readers=6, now=0.0)
+    assert plan is not None and plan.mode is Mode.ALL
+    # peers showed the nodes' links are 10x what S3 gives a reader: the origin is
+    # the bottleneck, so each piece leaves it once
+    book2 = CapacityBook()
+    for i in range(8):
+        book2.update(f"n{i}", "ih", F, down_peak=200 * MBIT, up_peak=200 * MBIT, complete=False)
+    plan = book2.allocation("ih", 12 * MBIT, readers=8, now=0.0)
+    assert plan is not None and plan.mode is Mode.STRIPE
+    assert book2.describe("ih") == {
+        "mode": "stripe",
+        "direct": 0.0,
+        "predicted_seconds": round(F / (96 * MBIT), 2),
+        "bound_seconds": round(F / (96 * MBIT), 2),
+    }
+    # recomputed at most once a second; departed nodes leave the book
+    book2.forget([f"n{i}" for i in range(8)])
+    assert book2.allocation("ih", 12 * MBIT, readers=8, now=5.0) is None
