@@ -4,9 +4,15 @@ Per artifact, each reporting node's link estimates: its download capacity is the
 of its total download rate (all sources), its upload capacity the peak of its upload
 rate, or its download capacity while it has not uploaded at full rate yet (cloud links
 are symmetric far more often than not; a node whose uploads prove slow is caught by the
-node's own WIDE switch, :func:`swarm.policy.decide`). S3's aggregate rate is the
-per-reader estimate times the readers, or unlimited while a reader gets its whole link
-from S3.
+node's own WIDE switch, :func:`swarm.policy.decide`).
+
+S3's aggregate rate is the per-reader estimate times the readers, or unlimited while S3
+gives a reader at least what the swarm gives a node. A reader cannot tell from its own
+rate whether S3 or its link limits it (both look the same at the start of a scale-out,
+when peers have nothing to give yet), but once pieces spread, the swarm's rate per node
+shows what a node can take besides S3: where the origin is the bottleneck (100 Mbit for
+8 nodes) a reader gets a fraction of what peers give; where S3 is in the same region it
+gives as much or more.
 
 A report costs O(1) (one node's entry replaced); the allocation is recomputed from the
 entries at most every ``SNAPSHOT_PERIOD`` seconds per artifact, O(fleet) then. The book
@@ -29,15 +35,17 @@ from swarm.coordinator.allocate import Allocation, Snapshot, allocate, bound
 SNAPSHOT_PERIOD: Final = 1.0
 """Seconds an artifact's allocation is reused before it is recomputed from the book."""
 
-LINK_BOUND_RATIO: Final = 0.8
-"""A reader getting at least this share of its download capacity from S3 is limited by
-its own link, not by S3: S3's aggregate is then taken as unlimited."""
+S3_AS_FAST: Final = 1.0
+"""S3 counts as unlimited while a reader gets at least this multiple of what the swarm
+gives a node (medians)."""
 
 
 @dataclass
 class _Link:
     down: float
     up: float
+    peers: float
+    """The node's current download rate from peers."""
 
 
 @dataclass
@@ -64,6 +72,7 @@ class CapacityBook:
         *,
         down_peak: float,
         up_peak: float,
+        peers: float,
         complete: bool,
     ) -> None:
         art = self._artifacts.get(info_hash)
@@ -74,7 +83,7 @@ class CapacityBook:
             art.links.pop(node, None)
             art.complete[node] = up_peak
         else:
-            art.links[node] = _Link(down_peak, up_peak)
+            art.links[node] = _Link(down_peak, up_peak, peers)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -129,7 +138,7 @@ def snapshot(
         return None
     down = statistics.median(link.down for link in fetching)
     up = statistics.fmean(max(link.up, link.down) for link in fetching)
-    if s3_per_reader >= LINK_BOUND_RATIO * down:
+    if s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching):
         origin = math.inf
     else:
         origin = s3_per_reader * max(1, readers)

@@ -578,6 +578,7 @@ class StripePlanner:
             piece_size * count,
             down_peak=rates.down_peak,
             up_peak=rates.up_peak,
+            peers=rates.down.get("peers", 0.0),
             complete=complete,
         )
         # the readers' S3 rates, this node's as of this report

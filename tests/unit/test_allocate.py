@@ -75,18 +75,28 @@ def test_unlimited_s3_reads_everything_from_s3() -> None:
     assert plan.mode is Mode.ALL and plan.finish == pytest.approx(F / (250 * MBIT))
 
 
-def test_capacity_book_takes_s3_as_unlimited_while_readers_get_their_links() -> None:
+def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     book = CapacityBook()
     for i in range(6):
-        book.update(f"n{i}", "ih", F, down_peak=30 * MBIT * 8, up_peak=0.0, complete=False)
-    # S3 gave each reader about its link: S3 is not the limit
-    plan = book.allocation("ih", 29 * MBIT * 8, readers=6, now=0.0)
+        book.update(
+            f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=80 * MBIT, complete=False
+        )
+    # S3 gives each reader more than peers give a node: S3 is not the limit
+    plan = book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
     assert plan is not None and plan.mode is Mode.ALL
-    # peers showed the nodes' links are 10x what S3 gives a reader: the origin is
-    # the bottleneck, so each piece leaves it once
+    # peers give a node 10x what S3 gives a reader: the origin is the bottleneck, so
+    # each piece leaves it once
     book2 = CapacityBook()
     for i in range(8):
-        book2.update(f"n{i}", "ih", F, down_peak=200 * MBIT, up_peak=200 * MBIT, complete=False)
+        book2.update(
+            f"n{i}",
+            "ih",
+            F,
+            down_peak=200 * MBIT,
+            up_peak=200 * MBIT,
+            peers=180 * MBIT,
+            complete=False,
+        )
     plan = book2.allocation("ih", 12 * MBIT, readers=8, now=0.0)
     assert plan is not None and plan.mode is Mode.STRIPE
     assert book2.describe("ih") == {
