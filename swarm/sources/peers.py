@@ -176,6 +176,7 @@ class TorrentSession:
         params.settings = session_settings(listen_ip, port, upload_limit)
         self.session = lt.session(params)
         self.torrents: dict[str, TorrentState] = {}
+        self._listen_port = 0
         self._lock = threading.Lock()
         self._running = True
         self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
@@ -183,7 +184,12 @@ class TorrentSession:
 
     @property
     def listen_port(self) -> int:
-        return self.session.listen_port()
+        """The TCP port libtorrent listens on (0 until it does). Asked of libtorrent only
+        until known: the daemon reads it for every report, and the deprecated
+        ``session.listen_port()`` is a synchronous call into the network thread."""
+        if not self._listen_port:
+            self._listen_port = self.session.listen_port()
+        return self._listen_port
 
     # -- torrents ---------------------------------------------------------------------------
 
