@@ -105,7 +105,7 @@ def publish(
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--piece-size") from error
     settings = config.load(catalog=catalog, endpoint_url=endpoint_url)
-    client = make_client(settings.endpoint_url)
+    client = make_client(settings.endpoint_url, transfers=True)
     manifest = do_publish(
         client,
         file,

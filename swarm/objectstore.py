@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import boto3
 import botocore.exceptions
+import botocore.session
 from botocore.config import Config
 
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
@@ -69,12 +69,23 @@ def make_client(
     endpoint_url: str | None = None,
     max_connections: int = 16,
     max_attempts: int = SDK_MAX_ATTEMPTS,
+    transfers: bool = False,
 ) -> Any:
-    """An S3 client; ``endpoint_url`` overrides ``AWS_ENDPOINT_URL`` (boto3 reads it itself).
-    ``max_attempts`` bounds botocore's silent retries of one call (the daemon keeps them
-    few and retries under its supervisor, where the reason shows on the progress line)."""
-    session = boto3.session.Session()
-    region = session.region_name or os.environ.get("AWS_REGION") or DEFAULT_REGION
+    """An S3 client; ``endpoint_url`` overrides ``AWS_ENDPOINT_URL`` (botocore reads it
+    itself). ``max_attempts`` bounds botocore's silent retries of one call (the daemon
+    keeps them few and retries under its supervisor, where the reason shows on the
+    progress line). ``transfers``: a boto3 client, with its managed ``upload_file``
+    (publish); otherwise plain botocore, which a node needs alone: importing boto3 and
+    s3transfer was a fifth of a fresh daemon's CPU on a 128 MiB fetch (py-spy)."""
+    if transfers:
+        import boto3
+
+        session: Any = boto3.session.Session()
+        region = session.region_name
+    else:
+        session = botocore.session.get_session()
+        region = session.get_config_variable("region")
+    region = region or os.environ.get("AWS_REGION") or DEFAULT_REGION
     config = Config(
         retries={"mode": "standard", "max_attempts": max_attempts},
         max_pool_connections=max_connections,
@@ -83,9 +94,8 @@ def make_client(
         # Path-style works with every S3-compatible server (MinIO, moto) and with AWS.
         s3={"addressing_style": "path"},
     )
-    return session.client(
-        "s3", endpoint_url=endpoint_url or None, region_name=region, config=config
-    )
+    create = session.client if transfers else session.create_client
+    return create("s3", endpoint_url=endpoint_url or None, region_name=region, config=config)
 
 
 def object_http_url(client: Any, url: S3Url) -> str:
