@@ -7,7 +7,7 @@
 Loopback: UDP (the default block size: the largest datagram loopback's MTU allows) vs TCP
 ``sendfile`` of the same file. WAN: two network namespaces joined by ``tools/wanem`` (a
 user-space netem: delay, random loss, a ``--link-mbit`` serializer with a 50 ms tail-drop
-queue, both ways; tests/wan.py) with GRO on both hosts. A case ``RTT_MS:LOSS:BLOCK`` runs
+queue, both ways; swarm/lab/wan.py) with GRO on both hosts. A case ``RTT_MS:LOSS:BLOCK`` runs
 one UDP transfer (``BLOCK`` payload bytes per datagram, 0 = the path MTU's 1434) and one
 TCP flow (CUBIC, default buffers, ``--tcp-seconds`` long) in the same invocation; the
 table gives each as a fraction of the link and UDP as a multiple of TCP.
@@ -290,8 +290,8 @@ def parse_case(text: str) -> tuple[float, float, int]:
 
 
 def wan_rows(path: Path, env: dict[str, str], args: argparse.Namespace) -> list[dict]:
-    from tests import wan
-    from tests.netlab import Lab, lab_unavailable
+    from swarm.lab import wan
+    from swarm.lab.netlab import Lab, lab_unavailable
 
     reason = lab_unavailable() or wan.wanem_unavailable()
     if reason:

@@ -16,10 +16,7 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,13 +24,17 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from swarm.errors import SwarmError
+from swarm.lab.coordinator import Coordinator
+from swarm.lab.hosts import HostError, LocalHost, free_port
+from swarm.lab.procs import stop_daemons
+from swarm.lab.s3 import SWARM, S3Error, S3Server, publish
 from swarm.pieces import write_random_file
 
 DEMO_SIZE = 128 << 20
@@ -51,26 +52,6 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "demo-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError as error:
-            if getattr(error, "code", None):  # an HTTP error status is an answer
-                return
-        if time.monotonic() > deadline:
-            raise SwarmError(f"swarm demo: {what} did not start within {timeout:.0f}s")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -134,64 +115,24 @@ def table(nodes: list[NodeView], size: int) -> Table:
 
 
 class Stack:
-    """Processes the demo starts, stopped in reverse order by pid on exit."""
+    """What the demo runs on loopback (:class:`swarm.lab.hosts.LocalHost`): the S3 server,
+    the coordinator, the nodes' fetches and their daemons; stopped by pid on exit."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.processes: list[subprocess.Popen[Any]] = []
+        self.host = LocalHost("demo", "127.0.0.1")
         self.daemon_homes: list[Path] = []
-
-    def start(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[Any]:
-        out = (self.workdir / log).open("wb")
-        process = subprocess.Popen(
-            args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        out.close()
-        self.processes.append(process)
-        return process
 
     def stop(self) -> None:
         self.stop_daemons()
-        for process in reversed(self.processes):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
+        self.host.stop()
 
     def stop_daemons(self, wait: bool = True) -> None:
         """SIGTERM every node daemon (started by `swarm fetch`, detached); unless ``wait``
         is false, wait for them (SIGKILL after 10 s). ``stop`` waits for them all."""
-        for home in self.daemon_homes:
-            pid_file = home / "daemon.pid"
-            with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-                os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        if not wait:
-            return
-        for home in self.daemon_homes:
-            pid_file = home / "daemon.pid"
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                pid = int(pid_file.read_text())
-                deadline = time.monotonic() + 10
-                while _alive(pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.daemon_homes.clear()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie child of ours still "exists"; reap it if it is ours
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    return True
+        stop_daemons(self.daemon_homes, wait=wait)
+        if wait:
+            self.daemon_homes.clear()
 
 
 @contextlib.contextmanager
@@ -218,11 +159,12 @@ def run_demo(
             "pip install 'swarm-artifacts[demo]' (or run `make demo`)"
         )
     console = console or Console()
-    swarm = [sys.executable, "-m", "swarm"]
     with workspace(keep) as work:
         stack = Stack(work)
         try:
-            return _run(work, stack, swarm, size, nodes, console, s3_rate)
+            return _run(work, stack, SWARM, size, nodes, console, s3_rate)
+        except (HostError, S3Error) as error:
+            raise SwarmError(f"swarm demo: {error}") from None
         finally:
             stack.stop()
             if keep:
@@ -251,71 +193,33 @@ def _run(
     env = {**os.environ, **CREDENTIALS}
     for var in ("SWARM_CATALOG", "SWARM_SECRET", "AWS_PROFILE", "SWARM_COORDINATOR"):
         env.pop(var, None)
-    s3_port, coord_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    s3_url = f"http://127.0.0.1:{s3_port}"
-    coordinator = f"http://127.0.0.1:{coord_port}"
-    env["AWS_ENDPOINT_URL"] = s3_url
+    host = stack.host
+    s3 = S3Server(host, "demo", free_port(host.ip), work, env, rate=s3_rate)
+    coordinator = Coordinator(
+        host, env, work / "coordinator.log", port=free_port(host.ip), db=work / "history.db"
+    )
+    env["AWS_ENDPOINT_URL"] = s3_url = s3.url
     env["SWARM_CONFIG"] = str(work / "no-config.toml")
 
     link = f"{s3_rate * 8 / 1e6:.0f} Mbit/s" if s3_rate else "uncapped"
     console.print(
         f"[bold]1.[/] S3 server (moto, egress {link}: the fleet's origin link) on {s3_url}, "
-        f"coordinator on {coordinator}"
+        f"coordinator on {coordinator.url}"
     )
-    stack.start(
-        [
-            sys.executable,
-            "-m",
-            "swarm.demo_s3",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(s3_port),
-            "--rate",
-            str(s3_rate),
-        ],
-        env,
-        "s3.log",
-    )
-    stack.start(
-        [
-            *swarm,
-            "coordinator",
-            "--listen",
-            f"127.0.0.1:{coord_port}",
-            "--db",
-            str(work / "history.db"),
-        ],
-        env,
-        "coordinator.log",
-    )
+    s3.start()
+    coordinator.start(wait=False)
     artifact = work / "index.db"
     console.print(f"[bold]2.[/] generating a {size >> 20} MiB artifact and publishing it")
     sha256 = write_random_file(artifact, size, seed=42)  # while the servers start
-    wait_http(s3_url + "/moto-api/", READY_TIMEOUT, "the S3 server")
-    wait_http(coordinator + "/healthz", READY_TIMEOUT, "the coordinator")
-
-    import boto3
-
-    boto3.client("s3", endpoint_url=s3_url, **_boto_credentials()).create_bucket(Bucket=DEMO_BUCKET)
+    s3.wait_ready(READY_TIMEOUT)
+    coordinator.wait_ready(READY_TIMEOUT)
+    s3.create_bucket(DEMO_BUCKET)
     env["SWARM_CATALOG"] = f"s3://{DEMO_BUCKET}/catalog/"
-    subprocess.run(
-        [
-            *swarm,
-            "publish",
-            str(artifact),
-            f"s3://{DEMO_BUCKET}/builds/index.db",
-            "--name",
-            "index.db",
-        ],
-        env=env,
-        check=True,
-        timeout=FETCH_TIMEOUT,
-        stdout=subprocess.DEVNULL,
-    )
+    publish(host, env, artifact, f"s3://{DEMO_BUCKET}/builds/index.db", name="index.db",
+            timeout=FETCH_TIMEOUT)  # fmt: skip
 
     console.print(f"[bold]3.[/] `swarm fetch index.db` on {count} nodes at once")
-    node_env = {**env, "SWARM_COORDINATOR": coordinator}
+    node_env = {**env, "SWARM_COORDINATOR": coordinator.url}
     with_swarm = _fetch_all(work / "swarm", stack, swarm, node_env, size, count, console,
                             s3_url, sha256, daemons=True)  # fmt: skip
     stack.stop_daemons(wait=False)  # they exit while the comparison starts
@@ -399,7 +303,7 @@ def _fetch_all(
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        stack.processes.append(view.process)
+        stack.host.processes.append(view.process)
         threading.Thread(target=view.follow, args=(view.process.stdout,), daemon=True).start()
         views.append(view)
     started = time.monotonic()
@@ -434,11 +338,3 @@ def _settle(views: list[NodeView], timeout: float = 2.0) -> None:
 def _s3_bytes_out(s3_url: str) -> int:
     with urllib.request.urlopen(s3_url + "/_demo/stats", timeout=5) as response:
         return int(json.loads(response.read())["bytes_out"])
-
-
-def _boto_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        "region_name": CREDENTIALS["AWS_DEFAULT_REGION"],
-    }

@@ -1,15 +1,13 @@
 """Swarm processes for tests: coordinator, node daemons (via `swarm fetch`), origin seeder.
 
 Everything started here is stopped by its pid (daemons by their pid file), even when a
-test fails: use the ``Swarm`` object as a context manager.
+test fails: use the ``Swarm`` object as a context manager. The coordinator and the
+stopping are :mod:`swarm.lab`'s (as for ``swarm demo`` and the fleet bench), on loopback.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -17,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarm.lab.coordinator import Coordinator
+from swarm.lab.hosts import LocalHost
+from swarm.lab.procs import daemon_pid, pid_alive, stop_daemons
 from tests.servers import BIN, free_port, wait_until
 
 SWARM = str(BIN / "swarm")
@@ -47,10 +48,7 @@ class Node:
         return process
 
     def daemon_pid(self) -> int | None:
-        try:
-            return int((self.home / "daemon.pid").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return daemon_pid(self.home)
 
     def status(self) -> dict[str, Any]:
         from swarm.agent.client import DaemonClient
@@ -85,6 +83,13 @@ class Swarm:
         self.coordinator_port = free_port()
         self.coordinator_url = f"http://127.0.0.1:{self.coordinator_port}"
         self.coordinator: subprocess.Popen[Any] | None = None
+        self._coordinator = Coordinator(
+            LocalHost("coordinator", "127.0.0.1"),
+            self.env,
+            root / "coordinator.log",
+            port=self.coordinator_port,
+            db=root / "history.db",
+        )
 
     def __enter__(self) -> Swarm:
         return self
@@ -93,35 +98,13 @@ class Swarm:
         self.stop()
 
     def start_coordinator(self) -> None:
-        log = (self.root / "coordinator.log").open("ab")
-        self.coordinator = subprocess.Popen(
-            [
-                SWARM,
-                "coordinator",
-                "--listen",
-                f"127.0.0.1:{self.coordinator_port}",
-                "--db",
-                str(self.root / "history.db"),
-            ],
-            env=self.env,
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
+        """Start (or restart) the coordinator; returns once it answers."""
+        self.coordinator = self._coordinator.start()
         self.processes.append(self.coordinator)
 
-        def healthy() -> bool:
-            try:
-                return get_json(self.coordinator_url + "/healthz")["ok"]
-            except OSError:
-                return False
-
-        wait_until(healthy, 30, "the coordinator")
-
     def kill_coordinator(self) -> None:
-        assert self.coordinator
-        self.coordinator.kill()
-        self.coordinator.wait(10)
+        """SIGKILL the coordinator (a crash); ``start_coordinator`` brings it back."""
+        self._coordinator.kill()
 
     def node(self, index: int) -> Node:
         ip = f"127.0.0.{index + 10}"
@@ -177,19 +160,11 @@ class Swarm:
         return node
 
     def stop(self) -> None:
-        pids = [p for p in (n.daemon_pid() for n in self.nodes) if p]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        stop_daemons([n.home for n in self.nodes], grace=10)
         for process in self.processes + [f for n in self.nodes for f in n.fetches]:
             if process.poll() is None:
                 process.terminate()
         deadline = time.monotonic() + 10
-        for pid in pids:
-            while time.monotonic() < deadline and running(pid):
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         for process in self.processes + [f for n in self.nodes for f in n.fetches]:
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
@@ -200,12 +175,4 @@ class Swarm:
 
 def running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    return pid_alive(pid)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from swarm.agent.client import DaemonClient
-from tests.netlab import Host, Lab, wait_for
+from swarm.lab.netlab import Host, Lab, wait_for
 from tests.servers import BIN
 
 NODES = 8

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.netlab import Lab, measure_tcp, pid_alive
+from swarm.lab.netlab import Lab, measure_tcp, pid_alive
 
 pytestmark = pytest.mark.fleet
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from swarm.bootstrap.userdata import render_origin
+from swarm.lab.netlab import Lab, wait_for
 from tests.conftest import CREDENTIALS
 from tests.fleet.conftest import REPO
 from tests.fleet.conftest import STACK_SIZE as SIZE
-from tests.netlab import Lab, wait_for
 from tests.servers import BIN
 
 STANDIN = Path(__file__).with_name("imds_standin.py")

@@ -1,4 +1,4 @@
-"""The WAN emulator (tools/wanem, tests/wan.py) does what it is set to: delay, loss, rate,
+"""The WAN emulator (tools/wanem, swarm/lab/wan.py) does what it is set to: delay, loss, rate,
 and one TCP flow through it behaves as TCP theory says it should (Mathis et al. 1997)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import wan
-from tests.netlab import Host, Lab, lab_unavailable
+from swarm.lab import wan
+from swarm.lab.netlab import Host, Lab, lab_unavailable
 
 pytestmark = pytest.mark.fleet
 

@@ -334,7 +334,7 @@ def test_no_secret_means_udp_off() -> None:
 
 @pytest.fixture
 def lab() -> Iterator[object]:
-    from tests.netlab import Lab, lab_unavailable
+    from swarm.lab.netlab import Lab, lab_unavailable
 
     reason = lab_unavailable()
     if reason:
@@ -384,7 +384,7 @@ def test_lossy_long_link_over_the_wan_emulator(lab: object, tmp_path: Path) -> N
     completes exactly in MTU-sized datagrams (not one IP fragment made or reassembled),
     retransmits what the path lost, and keeps most of the link (bench/udp.py measures it
     against TCP at 500 Mbit)."""
-    from tests import wan
+    from swarm.lab import wan
 
     reason = wan.wanem_unavailable()
     if reason:

@@ -1,6 +1,6 @@
 """Baseline for bench/fleet.py: a plain libtorrent 2.1 client, stock settings.
 
-    python bench/baseline_libtorrent.py TORRENT SAVE_DIR --listen IP --tracker URL
+    python -m swarm.lab.baseline_libtorrent TORRENT SAVE_DIR --listen IP --tracker URL
         [--sha256 HEX] [--seed] [--timeout SECONDS]
 
 It adds TORRENT (its ``url-list`` web seed included) with ``--tracker`` as an extra
@@ -69,7 +69,7 @@ def main() -> int:
         "alert_mask": lt.alert.category_t.status_notification
         | lt.alert.category_t.error_notification,
     }
-    session = lt.session(settings)
+    session = lt.session(settings)  # type: ignore[call-overload]  # a dict is a settings_pack
     params = lt.add_torrent_params()
     params.ti = lt.torrent_info(str(args.torrent))
     params.save_path = str(args.save_dir)

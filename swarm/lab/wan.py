@@ -6,7 +6,7 @@ queue per direction (loss, then a serializer with a tail-drop queue, then delay 
 jitter, FIFO). It is compiled on first use with the machine's ``cc`` into
 ``~/.cache/swarm/bin/wanem-<hash of the source>``.
 
-Two ways to put it in a lab (:class:`tests.netlab.Lab`):
+Two ways to put it in a lab (:class:`swarm.lab.netlab.Lab`):
 
 - :func:`split_regions`: hosts stay on the lab's bridge ``br0`` (region "near") except
   the ``far`` hosts, whose bridge ports move to a second bridge ``br1``; the emulator joins
@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.netlab import IP, Host, Lab, LabError, _run, kill_group
+from swarm.lab.netlab import IP, Host, Lab, LabError, _run, kill_group
 
-SOURCE = Path(__file__).resolve().parents[1] / "tools" / "wanem" / "wanem.c"
+SOURCE = Path(__file__).resolve().parents[2] / "tools" / "wanem" / "wanem.c"
+"""The emulator's source: in the repository (an editable install), not in the wheel."""
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "swarm" / "bin"
 CC = os.environ.get("CC", "cc")
 START_TIMEOUT = 10.0
@@ -158,8 +159,11 @@ def wanem_unavailable() -> str | None:
     """Why the emulator cannot run here (a pytest skip reason), or None."""
     if not Path("/dev/net/tun").exists():
         return "/dev/net/tun is missing (no TUN/TAP in this kernel)"
-    if shutil.which(CC) is None and not any(CACHE.glob("wanem-*")):
+    built = any(CACHE.glob("wanem-*"))
+    if shutil.which(CC) is None and not built:
         return f"no C compiler ({CC}) to build tools/wanem"
+    if not SOURCE.exists() and not built:
+        return f"{SOURCE} is missing (the emulator is built from a repository checkout)"
     return None
 
 
@@ -333,7 +337,7 @@ def enable_gro(host: Host) -> None:
     so TSO goes off on the bridge port: frames crossing the bridge are MTU-sized anyway.
     """
     binary = build_wanem()
-    _run([IP, "netns", "exec", host.lab.switch, binary, "feature", host.port, "tso", "off"])
+    _run([IP, "netns", "exec", host.lab.switch, str(binary), "feature", host.port, "tso", "off"])
     host.run([binary, "feature", "eth0", "gro", "on"], timeout=10)
 
 
@@ -586,7 +590,8 @@ def mathis_mbit(mss: int, rtt_ms: float, loss: float) -> float:
 
 
 def self_check(mathis_seconds: float = 20.0) -> dict[str, Any]:
-    """The figures tests/fleet/test_wan.py asserts on, measured once (``python -m tests.wan``)."""
+    """The figures tests/fleet/test_wan.py asserts on, measured once
+    (``python -m swarm.lab.wan``)."""
     import statistics
 
     out: dict[str, Any] = {}
@@ -629,7 +634,7 @@ def self_check(mathis_seconds: float = 20.0) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from tests.netlab import lab_unavailable
+    from swarm.lab.netlab import lab_unavailable
 
     reason = lab_unavailable() or wanem_unavailable()
     if reason:

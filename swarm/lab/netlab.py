@@ -24,6 +24,7 @@ included), at interpreter exit and on SIGTERM/SIGHUP (best effort, main thread o
         print(measure_tcp(a, b, 20 << 20))   # ~12 MB/s: tbf holds
 
 Needs root and ``ip`` (iproute2) with ``ip netns``; :func:`lab_unavailable` says why not.
+:class:`swarm.lab.hosts.LocalHost` is the same interface on loopback, without namespaces.
 """
 
 from __future__ import annotations
@@ -42,18 +43,18 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from swarm.lab.procs import HTTP_READY, KILL_GRACE, kill_group, pid_alive, signal_group
+
 IP = shutil.which("ip") or "/usr/sbin/ip"
 TC = shutil.which("tc") or "/usr/sbin/tc"
 COMMAND_TIMEOUT = 20.0
 """Seconds any one ``ip``/``tc`` command may take (they take milliseconds)."""
-KILL_GRACE = 5.0
-"""Seconds between SIGTERM and SIGKILL when stopping the lab's processes."""
 
 KERNEL_HZ = 250
 """Timer frequency assumed for tbf bursts: the common distro value (``CONFIG_HZ=250``).
@@ -144,9 +145,8 @@ class Host:
     ) -> subprocess.Popen[Any]:
         """Start ``args`` in this host (in a process group of its own, killed at cleanup)."""
         kw.setdefault("stdin", subprocess.DEVNULL)
-        process = subprocess.Popen(
-            self.command([str(a) for a in args]), env=env, start_new_session=True, **kw
-        )
+        kw.setdefault("start_new_session", True)
+        process = subprocess.Popen(self.command([str(a) for a in args]), env=env, **kw)
         self.processes.append(process)
         self.lab._processes.append(process)
         return process
@@ -206,6 +206,17 @@ class Host:
         """Every process whose network namespace is this host's."""
         return self.lab.netns_pids(self.netns)
 
+    def wait_http(self, url: str, timeout: float, what: str) -> None:
+        """Return once ``url`` answers from inside this host (any HTTP status is an
+        answer); LabError naming ``what`` after ``timeout`` seconds."""
+        done = self.run(
+            [sys.executable, "-c", HTTP_READY, url, str(timeout)],
+            timeout=timeout + 15,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise LabError(f"{self.name}: {what} did not answer at {url}: {done.stderr.strip()}")
+
 
 _LIVE_LABS: weakref.WeakSet[Lab] = weakref.WeakSet()
 _LAB_NUMBERS = itertools.count()
@@ -229,7 +240,7 @@ class Lab:
             raise ValueError(f"lab prefix must be 1-6 lowercase letters/digits, got {prefix!r}")
         self.tag = f"{prefix}{os.getpid()}-{next(_LAB_NUMBERS)}"
         self.network = ipaddress.ip_network(subnet)
-        self._addresses = self.network.hosts()
+        self._addresses: Iterator[Any] = iter(self.network.hosts())
         self.switch = f"{self.tag}-sw"
         self.hosts: dict[str, Host] = {}
         self._netns: list[str] = []
@@ -288,9 +299,7 @@ class Lab:
         """Stop every process we started and every process left inside our namespaces
         (or only those of ``netns``): SIGTERM, up to ``KILL_GRACE`` s, then SIGKILL."""
         spaces = list(self._netns if netns is None else netns)
-        started = [
-            p for p in self._processes if netns is None or (len(p.args) > 3 and p.args[3] in spaces)
-        ]
+        started = [p for p in self._processes if netns is None or _netns_of(p) in spaces]
         for process in started:
             signal_group(process, signal.SIGTERM)
         strays = {pid for ns in spaces for pid in self.netns_pids(ns)}
@@ -375,35 +384,17 @@ class Lab:
         return [int(p) for p in out.split()]
 
 
+def _netns_of(process: subprocess.Popen[Any]) -> str | None:
+    """The namespace a process was started in by :meth:`Host.popen` (``ip netns exec NS``)."""
+    args = process.args
+    return str(args[3]) if isinstance(args, list) and len(args) > 3 else None
+
+
 def shape(netns: str, dev: str, mbit: float) -> None:
     """Replace ``dev``'s root qdisc (in ``netns``) with a tbf of ``mbit`` (see tbf_params)."""
     rate, burst, limit = tbf_params(mbit)
     _run([TC, "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
           f"{rate}bit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def signal_group(process: subprocess.Popen[Any], signum: int) -> None:
-    """Signal ``process``'s group (it leads one: started with ``start_new_session``)."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signum)
-
-
-def kill_group(process: subprocess.Popen[Any]) -> None:
-    """SIGKILL ``process``'s group and reap it (bounded)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(KILL_GRACE)
 
 
 def sweep_stale(prefix: str = "lab") -> list[str]:

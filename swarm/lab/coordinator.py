@@ -1,0 +1,71 @@
+"""``swarm coordinator`` on a lab host (a namespace or a loopback address)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from swarm.lab.hosts import LabHost
+from swarm.lab.procs import KILL_GRACE, kill_group, signal_group
+from swarm.lab.s3 import SWARM
+
+COORDINATOR_PORT = 7070
+READY_TIMEOUT = 30.0
+
+
+class Coordinator:
+    """One coordinator process: :meth:`start` (returns once ``/healthz`` answers),
+    :meth:`stop` (SIGTERM, then SIGKILL), :meth:`kill` (SIGKILL: a crash). It may be
+    started again after either (a restart; ``db`` keeps its history)."""
+
+    def __init__(
+        self,
+        host: LabHost,
+        env: dict[str, str],
+        log: Path,
+        port: int = COORDINATOR_PORT,
+        db: Path | None = None,
+    ) -> None:
+        self.host = host
+        self.env = env
+        self.log = log
+        self.port = port
+        self.db = db
+        self.url = f"http://{host.ip}:{port}"
+        self.tracker_url = self.url + "/announce"
+        self.process: subprocess.Popen[Any] | None = None
+
+    def start(self, wait: bool = True) -> subprocess.Popen[Any]:
+        """Start it (a running one is stopped first); unless ``wait`` is false, return
+        once it answers."""
+        self.stop()
+        args = [*SWARM, "coordinator", "--listen", f"{self.host.ip}:{self.port}"]
+        if self.db is not None:
+            args += ["--db", str(self.db)]
+        with self.log.open("ab") as out:
+            self.process = self.host.popen(
+                args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        if wait:
+            self.wait_ready()
+        return self.process
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        self.host.wait_http(self.url + "/healthz", timeout, "the coordinator")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            signal_group(self.process, signal.SIGTERM)
+            try:
+                self.process.wait(KILL_GRACE * 2)
+            except subprocess.TimeoutExpired:
+                kill_group(self.process)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL (the coordinator crashing); :meth:`start` brings it back."""
+        if self.process:
+            kill_group(self.process)
+        self.process = None

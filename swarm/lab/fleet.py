@@ -1,0 +1,593 @@
+"""One fleet in a network lab: an origin (S3 server + coordinator), N new nodes and k
+pre-existing seeders, each a namespace with tbf-shaped links (:mod:`swarm.lab.netlab`);
+then one system (:mod:`swarm.lab.systems`) at a time on fresh node state.
+
+The origin runs the S3 server (MinIO, or moto) and ``swarm coordinator`` (the tracker of
+every system); the artifact (random bytes) is published once with ``swarm publish``.
+For each system, :meth:`Fleet.run_system` restarts the coordinator, starts the seeders'
+clients (if the system seeds), starts every node's client at once and waits until all
+say they are done. Measured: each node's time from the common start, the bytes the
+origin host sent, the machine's CPU (/proc/stat), and each node's CPU seconds (every
+process in its namespace, the exited client's by wait4) at the moment all are done.
+Every node's file is checked against the artifact's SHA-256. Then every process of the
+system is stopped.
+
+    with Lab("fl") as lab:
+        fleet = Fleet(FleetConfig(**scenario("origin-bound")), lab, work)
+        fleet.start_origin()
+        result = fleet.run_system("swarm")
+
+``bench/fleet.py`` is the command line (scenarios, the table); tests/fleet drives this
+on a small setup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarm.lab.coordinator import Coordinator
+from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
+from swarm.lab.procs import cpu_seconds
+from swarm.lab.s3 import S3Error, S3Server, publish
+from swarm.lab.systems import SEEDER_TIMEOUT, System, system
+from swarm.pieces import file_sha256, write_random_file
+
+S3_PORT = 9000
+BUCKET = "fleet"
+KEY = "artifacts/artifact.bin"
+NAME = "artifact.bin"
+CATALOG = f"s3://{BUCKET}/catalog/"
+ACCESS_KEY = "swarmfleet"
+SECRET_KEY = "swarmfleet-secret"
+CPU_SAMPLE = 1.0
+"""Seconds between /proc/stat samples; a sample >= 95% busy counts as saturated."""
+
+GET_TORRENT = """\
+import sys, urllib.request, boto3
+from botocore.config import Config
+endpoint, bucket, key, out = sys.argv[1:5]
+s3 = boto3.client("s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}))
+with open(out, "wb") as f:
+    f.write(s3.get_object(Bucket=bucket, Key=key + ".torrent")["Body"].read())
+# the web seed must work anonymously, as BitTorrent clients fetch it
+req = urllib.request.Request("%s/%s/%s" % (endpoint, bucket, key), headers={"Range": "bytes=0-15"})
+with urllib.request.urlopen(req, timeout=10) as reply:
+    assert len(reply.read()) == 16, "anonymous ranged GET of the web seed failed"
+"""
+
+TRACE_FLEET = """\
+import json, sys, time, urllib.request
+url, out = sys.argv[1], open(sys.argv[2], "a")
+for _ in range(7200):  # at most an hour at 2 Hz; killed when the run ends
+    t = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            out.write(json.dumps({"t": t, "fleet": json.load(reply)}) + "\\n")
+            out.flush()
+    except OSError:
+        pass
+    time.sleep(max(0.0, 0.5 - (time.time() - t)))
+"""
+
+
+class FleetError(Exception):
+    """A failure of the setup or of one system's run."""
+
+
+def log(message: str) -> None:
+    print(f"[fleet {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+@dataclass
+class FleetConfig:
+    """One benchmark setup. Rates in Mbit/s (10^6 bit/s), sizes in bytes."""
+
+    nodes: int = 8
+    size: int = 128 << 20
+    piece_size: int = 1 << 20
+    origin_up: float = 100
+    origin_down: float = 1000
+    node_up: float = 200
+    node_down: float = 200
+    seeders: int = 0
+    seeder_up: float | None = None
+    """Upload of each pre-existing seeder; None = ``node_up``."""
+    s3: str = "minio"
+    """S3 server on the origin host: ``minio`` or ``moto``."""
+    system_timeout: float | None = None
+    """Seconds one system may take; None = see :meth:`timeout`."""
+    scenario: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("origin_up", "origin_down", "node_up", "node_down"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 Mbit/s, got {getattr(self, name)}")
+        if self.nodes < 1 or self.seeders < 0:
+            raise ValueError(f"need nodes >= 1 and seeders >= 0, got {self.nodes}/{self.seeders}")
+        if self.s3 not in ("minio", "moto"):
+            raise ValueError(f"s3 must be minio or moto, got {self.s3!r}")
+
+    @property
+    def seeder_rate(self) -> float:
+        return self.seeder_up if self.seeder_up is not None else self.node_up
+
+    def bound(self) -> float:
+        """Kumar & Ross's minimum distribution time T* in seconds."""
+        f = self.size * 8
+        mbit = 1e6
+        server = (self.origin_up + self.seeders * self.seeder_rate) * mbit
+        total = server + self.nodes * self.node_up * mbit
+        return max(f / server, f / (self.node_down * mbit), self.nodes * f / total)
+
+    def timeout(self) -> float:
+        """Seconds one system may take: the explicit setting, else 60 s plus the larger of
+        10 x T* and twice the time for every node to read the whole object from the origin
+        (so an S3-only client on a slow origin is slow, not failed)."""
+        if self.system_timeout:
+            return self.system_timeout
+        origin_only = self.nodes * self.size * 8 / (self.origin_up * 1e6)
+        return 60.0 + max(10.0 * self.bound(), 2.0 * origin_only)
+
+
+# -- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeResult:
+    node: str
+    seconds: float
+    sha256_ok: bool
+    bytes_by_source: dict[str, int] | None = None
+    cpu_s: float | None = None
+    """CPU seconds of every process on the node (client, daemon) until all were done."""
+
+
+@dataclass
+class SystemResult:
+    system: str
+    all_done: float
+    nodes: list[NodeResult]
+    origin_tx_bytes: int
+    bound: float
+    size: int
+    cpu_busy_avg: float
+    cpu_saturated_fraction: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(n.seconds for n in self.nodes)
+
+    @property
+    def cpu_per_node_gib(self) -> float | None:
+        """Mean CPU seconds a node spent per GiB of artifact, or None if not measured."""
+        cpu = [n.cpu_s for n in self.nodes if n.cpu_s is not None]
+        return statistics.fmean(cpu) / (self.size / 2**30) if cpu else None
+
+    def row(self, swarm_all_done: float | None) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "all_done_s": round(self.all_done, 2),
+            "median_s": round(self.median, 2),
+            "vs_bound": round(self.all_done / self.bound, 2),
+            "vs_swarm": round(self.all_done / swarm_all_done, 2) if swarm_all_done else None,
+            "origin_bytes_per_F": round(self.origin_tx_bytes / self.size, 2),
+            "cpu_busy_avg": round(self.cpu_busy_avg, 2),
+            "cpu_saturated": round(self.cpu_saturated_fraction, 2),
+            "cpu_s_per_node_gib": (
+                round(self.cpu_per_node_gib, 2) if self.cpu_per_node_gib is not None else None
+            ),
+        }
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+class Job:
+    """One client process on one host; a thread reads its stdout for a ``done`` event.
+
+    ``settled`` is set once the client is done (a JSON ``done`` line, or a clean exit when
+    ``done_on_exit``) or has failed (exit without ``done``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        args: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        started: float,
+        done_on_exit: bool = False,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.started = started
+        self.done_on_exit = done_on_exit
+        self.done_at: float | None = None
+        self.done_event: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.settled = threading.Event()
+        self.reaped = threading.Event()
+        self.exit_cpu: float | None = None
+        self.tail: deque[str] = deque(maxlen=40)
+        self.log_path = log_path
+        with log_path.open("ab") as stderr:
+            self.process = host.popen(
+                args, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
+            )
+        self._thread = threading.Thread(target=self._read, name=f"job-{name}", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.tail.append(line.rstrip())
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if event.get("event") == "done" and self.done_at is None:
+                        self.done_at = time.monotonic()
+                        self.done_event = event
+                        self.settled.set()
+                    elif event.get("event") == "error":
+                        self.error = event.get("message", line)
+        code = self._reap()
+        if self.done_at is None:
+            if code == 0 and self.done_on_exit:
+                self.done_at = time.monotonic()
+            else:
+                self.error = self.error or f"exited with {code} before it was done"
+        self.settled.set()
+
+    def _reap(self) -> int:
+        """Wait for the process with wait4, which also gives the CPU it used."""
+        try:
+            _, status, usage = os.wait4(self.process.pid, 0)
+        except ChildProcessError:  # reaped by a stop meanwhile (Popen.wait)
+            code = self.process.wait()
+        else:
+            self.exit_cpu = usage.ru_utime + usage.ru_stime
+            code = self.process.returncode = os.waitstatus_to_exitcode(status)
+        self.reaped.set()
+        return code
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the client has used so far (its reaped children included)."""
+        cpu = cpu_seconds(self.process.pid)
+        if cpu is None:  # exited and reaped: wait4 told
+            self.reaped.wait(2)
+            cpu = self.exit_cpu
+        return cpu or 0.0
+
+    @property
+    def seconds(self) -> float:
+        assert self.done_at is not None
+        return self.done_at - self.started
+
+    def describe_failure(self) -> str:
+        stderr = ""
+        with contextlib.suppress(OSError):
+            stderr = self.log_path.read_text(errors="replace")[-1500:]
+        out = "\n".join(self.tail)[-1500:]
+        return f"{self.name}: {self.error}\n--- stdout tail:\n{out}\n--- stderr tail:\n{stderr}"
+
+
+def wait_jobs(jobs: list[Job], timeout: float, what: str) -> None:
+    """Wait until every job is settled; raise on the first failure or at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pending = list(jobs)
+    while pending:
+        job = pending[0]
+        if not job.settled.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                left = ", ".join(j.name for j in pending)
+                raise FleetError(f"{what}: timed out after {timeout:.0f}s; not done: {left}")
+            # check the others for an early failure meanwhile
+            for other in pending:
+                if other.settled.is_set() and other.error:
+                    raise FleetError(f"{what} failed:\n{other.describe_failure()}")
+            continue
+        if job.error:
+            raise FleetError(f"{what} failed:\n{job.describe_failure()}")
+        pending.pop(0)
+
+
+class CpuSampler:
+    """Samples the machine's CPU use from /proc/stat once a second in a thread."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu", daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            values = [int(v) for v in stat.readline().split()[1:]]
+        idle = values[3] + values[4]  # idle + iowait
+        return sum(values) - idle, sum(values)
+
+    def _run(self) -> None:
+        busy0, total0 = self._read()
+        stopped = False
+        while not stopped:
+            stopped = self._stop.wait(CPU_SAMPLE)  # the last sample is the partial second
+            busy, total = self._read()
+            if total > total0:
+                self.samples.append((busy - busy0) / (total - total0))
+            busy0, total0 = busy, total
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    @property
+    def average(self) -> float:
+        return statistics.fmean(self.samples) if self.samples else 0.0
+
+    @property
+    def saturated(self) -> float:
+        if not self.samples:
+            return 0.0
+        return sum(s >= 0.95 for s in self.samples) / len(self.samples)
+
+
+def clean_env() -> dict[str, str]:
+    """Our environment without anything that could send traffic elsewhere (proxies) or
+    change a client's behaviour (AWS profiles, SWARM_* settings)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.lower().endswith("_proxy")
+        and not k.startswith(("AWS_", "SWARM_", "S3_", "MINIO_"))
+        and k != "PYTHONPATH"
+    }
+    env["NO_PROXY"] = env["no_proxy"] = "*"
+    return env
+
+
+# -- the fleet ----------------------------------------------------------------------------
+
+
+class Fleet:
+    """The lab's hosts, the origin (S3 + coordinator), the published artifact and the runs."""
+
+    artifact_name = NAME
+    bucket = BUCKET
+    object_uri = f"s3://{BUCKET}/{KEY}"
+
+    def __init__(self, config: FleetConfig, lab: Lab, work: Path, keep: bool = False) -> None:
+        self.config = config
+        self.keep = keep  # leave each system's node logs and files in ``work``
+        self.lab = lab
+        self.work = work
+        self.origin = lab.host("origin", config.origin_up, config.origin_down)
+        self.seeder_hosts = [
+            lab.host(f"seed{i}", config.seeder_rate, config.node_down)
+            for i in range(config.seeders)
+        ]
+        self.node_hosts = [
+            lab.host(f"node{i}", config.node_up, config.node_down) for i in range(config.nodes)
+        ]
+        self.tracer: subprocess.Popen[Any] | None = None
+        self.sha256 = ""
+        self.torrent = work / "artifact.torrent"
+        self.source = work / "source" / NAME
+        s3_url = f"http://{self.origin.ip}:{S3_PORT}"
+        self.env = {
+            **clean_env(),
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": s3_url,
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "SWARM_CATALOG": CATALOG,
+            "SWARM_CONFIG": str(work / "no-swarm.toml"),
+        }
+        self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
+        self.coordinator = Coordinator(self.origin, self.env, work / "coordinator.log")
+
+    # -- origin -----------------------------------------------------------------------------
+
+    def start_origin(self) -> None:
+        """Start the S3 server on the origin host and publish the artifact."""
+        try:
+            self.s3.start()
+            self.s3.create_bucket(BUCKET, public_read=True)  # the baselines' web seed
+        except S3Error as error:
+            raise FleetError(str(error)) from None
+        self.source.parent.mkdir()
+        log(f"writing a {self.config.size}-byte artifact")
+        self.sha256 = write_random_file(self.source, self.config.size)
+        started = time.monotonic()
+        summary = publish(
+            self.origin, self.env, self.source, self.object_uri, name=NAME,
+            piece_size=self.config.piece_size,
+        )  # fmt: skip
+        if summary["sha256"] != self.sha256:
+            raise FleetError("swarm publish reported another SHA-256 than the file's")
+        log(f"published in {time.monotonic() - started:.1f}s: {summary['pieces']} pieces")
+        self.origin.run(
+            [sys.executable, "-c", GET_TORRENT, self.s3.url, BUCKET, KEY, str(self.torrent)],
+            env=self.env,
+            timeout=60,
+        )
+
+    # -- one system ---------------------------------------------------------------------------
+
+    def run_system(self, which: System | str) -> SystemResult:
+        """Run ``which`` on every node at once (after its seeders); its result. Raises
+        FleetError (or LabError) on a timeout, a client's failure or a wrong file."""
+        sys_ = system(which) if isinstance(which, str) else which
+        name = sys_.name
+        config = self.config
+        root = self.work / name
+        root.mkdir()
+        self.coordinator.start()  # every system gets a tracker with no stale state
+        notes: list[str] = []
+        jobs: list[Job] = []
+        cpu_by_node: dict[str, float] = {}
+        try:
+            if self.seeder_hosts and sys_.seeds_after:
+                self._start_seeders(sys_, root)
+            elif self.seeder_hosts:
+                notes.append(f"{name} does not seed: the seeders do not help it")
+            drops_before = self.lab.qdisc_drops()
+            if name == "swarm" and self.keep:
+                trace = root / "fleet-trace.jsonl"  # the coordinator's view, for --keep
+                self.tracer = self.origin.popen(
+                    [sys.executable, "-c", TRACE_FLEET, self.coordinator.url + "/v1/fleet",
+                     str(trace)], env=self.env)  # fmt: skip
+            started = time.monotonic()
+            origin_before = self.origin.tx_bytes()
+            with CpuSampler() as cpu:
+                for host in self.node_hosts:
+                    node_dir = root / host.name
+                    dest = node_dir / "dest"
+                    dest.mkdir(parents=True)
+                    env = {**self.env, "SWARM_HOME": str(node_dir / "home")}
+                    jobs.append(
+                        Job(
+                            host.name,
+                            host,
+                            sys_.command(self, host, dest, seed=False),
+                            env,
+                            node_dir / "client.log",
+                            started,
+                            done_on_exit=sys_.done_on_exit,
+                        )
+                    )
+                wait_jobs(jobs, config.timeout(), name)
+            all_done = max(j.seconds for j in jobs)
+            origin_tx = self.origin.tx_bytes() - origin_before
+            cpu_by_node = {job.name: self._node_cpu(job) for job in jobs}
+        finally:
+            if self.tracer:
+                os.killpg(self.tracer.pid, signal.SIGTERM)
+                self.tracer.wait(10)
+                self.tracer = None
+            self._stop_nodes(root)
+            self.coordinator.stop()
+        nodes = []
+        for job in jobs:
+            path = root / job.name / "dest" / NAME
+            ok = path.exists() and file_sha256(path) == self.sha256
+            by_source = (job.done_event or {}).get("bytes_by_source")
+            nodes.append(
+                NodeResult(job.name, round(job.seconds, 3), ok, by_source,
+                           round(cpu_by_node[job.name], 3))
+            )  # fmt: skip
+        bad = [n.node for n in nodes if not n.sha256_ok]
+        if bad:
+            raise FleetError(f"{name}: wrong or missing file (SHA-256 mismatch) on {bad}")
+        drops = {
+            k: v - drops_before.get(k, 0)
+            for k, v in self.lab.qdisc_drops().items()
+            if v > drops_before.get(k, 0)
+        }
+        if drops:
+            notes.append(f"tbf drops (packets) during the run: {drops}")
+        if not self.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        return SystemResult(
+            name, all_done, nodes, origin_tx, config.bound(), config.size,
+            cpu.average, cpu.saturated, notes,
+        )  # fmt: skip
+
+    def _node_cpu(self, job: Job) -> float:
+        """CPU seconds of ``job``'s node so far: every process in its namespace (a
+        daemon, a seeding client) and the client, alive or exited."""
+        others = [pid for pid in job.host.pids() if pid != job.process.pid]
+        return sum(cpu_seconds(pid) or 0.0 for pid in others) + job.cpu_seconds()
+
+    def _start_seeders(self, sys_: System, root: Path) -> None:
+        """Give every seeder host the complete artifact, seeded by the system's client."""
+        jobs = []
+        for host in self.seeder_hosts:
+            node_dir = root / host.name
+            dest = node_dir / "dest"
+            dest.mkdir(parents=True)
+            env = {**self.env, "SWARM_HOME": str(node_dir / "home")}
+            if not sys_.seeder_fetches:  # it finds the complete file and seeds it
+                shutil.copyfile(self.source, dest / NAME)
+            jobs.append(
+                Job(f"{sys_.name}-{host.name}", host,
+                    sys_.command(self, host, dest, seed=True), env,
+                    node_dir / "client.log", time.monotonic())
+            )  # fmt: skip
+        wait_jobs(jobs, SEEDER_TIMEOUT, f"{sys_.name} seeders")
+        log(f"{sys_.name}: {len(jobs)} seeders ready")
+
+    def _stop_nodes(self, root: Path) -> None:
+        """Kill every client and daemon of this system (daemons by their pid file first)."""
+        for host in self.seeder_hosts + self.node_hosts:
+            pid_file = root / host.name / "home" / "daemon.pid"
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        self.lab.stop_processes([h.netns for h in self.seeder_hosts + self.node_hosts])
+
+
+def run_fleet(
+    config: FleetConfig, systems: list[str], keep: bool = False
+) -> tuple[list[SystemResult], dict[str, str]]:
+    """Run ``systems`` one after the other; returns their results and, per system that
+    failed (a timeout, a client error, a wrong file), why. A failed system does not stop
+    the others; the setup failing does (FleetError)."""
+    reason = lab_unavailable()
+    if reason:
+        raise FleetError(f"cannot build the network lab: {reason}")
+    chosen = [system(name) for name in systems]
+    for each in chosen:
+        why = each.unavailable()
+        if why:
+            raise FleetError(why)
+    work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
+    results: list[SystemResult] = []
+    failures: dict[str, str] = {}
+    try:
+        with Lab("fl") as lab:
+            fleet = Fleet(config, lab, work, keep)
+            fleet.start_origin()
+            for each in chosen:
+                log(f"{each.name}: {config.nodes} nodes, {config.seeders} seeders")
+                try:
+                    result = fleet.run_system(each)
+                except (FleetError, LabError) as error:
+                    log(f"{each.name}: FAILED: {error}")
+                    failures[each.name] = str(error)
+                    continue
+                log(
+                    f"{each.name}: all done in {result.all_done:.1f}s "
+                    f"({result.all_done / result.bound:.2f} x T*)"
+                )
+                results.append(result)
+    finally:
+        if keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return results, failures

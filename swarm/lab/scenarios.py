@@ -1,0 +1,59 @@
+"""The fleet shapes the bench runs (``bench/fleet.py --scenario NAME``), as data.
+
+A scenario is a set of :class:`swarm.lab.fleet.FleetConfig` fields over
+:data:`DEFAULTS`; rates in Mbit/s. Adding one is adding an entry here (and, for a new
+kind of shape, a field to ``FleetConfig`` that :class:`~swarm.lab.fleet.Fleet` applies).
+Tests of the allocator can take their capacities from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    "nodes": 8,
+    "size": 128 << 20,
+    "piece_size": 1 << 20,
+    "origin_up": 100,
+    "origin_down": 1000,
+    "node_up": 200,
+    "node_down": 200,
+    "seeders": 0,
+    "seeder_up": None,  # = node_up
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "origin-bound": {"origin_up": 100, "node_up": 200, "node_down": 200},
+    "swarm-bound": {"origin_up": 1000, "node_up": 200, "node_down": 200},
+    "slow-uploads": {"origin_up": 1000, "node_up": 20, "node_down": 400},
+    # S3 in the same region: every node can read it at link speed (issue 11).
+    "s3-fast": {"origin_up": 1500, "node_up": 250, "node_down": 250, "nodes": 6},
+    # Both halves useful: S3 alone feeds 8 nodes at 50 Mbit each, peers alone carry
+    # 8 x 100 Mbit of uploads; the bound needs both (T* = N*F/(u_s + sum u)).
+    "mixed": {"origin_up": 400, "node_up": 100, "node_down": 300},
+    "existing-seeders": {
+        "origin_up": 50,
+        "node_up": 200,
+        "node_down": 200,
+        "seeders": 2,
+        "seeder_up": 200,
+    },
+}
+
+RATES = ("node_up", "node_down", "origin_up", "origin_down", "seeder_up")
+"""The fields ``--rate-scale`` multiplies."""
+
+
+def scenario(name: str | None, rate_scale: float = 1.0, **overrides: Any) -> dict[str, Any]:
+    """FleetConfig fields: DEFAULTS, then scenario ``name``'s, then ``overrides`` (None
+    values ignored), every rate times ``rate_scale``."""
+    if rate_scale <= 0:
+        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
+    values = dict(DEFAULTS)
+    if name:
+        values.update(SCENARIOS[name])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    for key in RATES:
+        if values.get(key) is not None:
+            values[key] = values[key] * rate_scale
+    return values

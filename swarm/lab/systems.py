@@ -1,0 +1,130 @@
+"""The systems the fleet bench compares, one class each.
+
+A system says what a node runs to get the artifact (:meth:`System.command`), how that
+command says it is done, and whether it keeps seeding afterwards. Everything else (hosts,
+origin, timing, verification, CPU accounting) is :class:`swarm.lab.fleet.Fleet`'s and the
+same for every system. Adding a system is one subclass and one entry in :data:`SYSTEMS`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from swarm.lab.s3 import BIN, SWARM
+
+if TYPE_CHECKING:
+    from swarm.lab.fleet import Fleet
+    from swarm.lab.netlab import Host
+
+BT_PORT = 6881
+SEEDER_TIMEOUT = 600.0
+"""Seconds a seeder may take to be ready; also how long baselines seed past the run."""
+
+ARIA2_HOOK = """#!/bin/sh
+# aria2c --on-bt-download-complete: GID, number of files, path. Runs before seeding; its
+# stdout is aria2c's, which the fleet reads.
+echo '{"event": "done", "path": "'"$3"'"}'
+"""
+
+
+class System:
+    """One way to put the artifact on a node."""
+
+    name: ClassVar[str]
+    done_on_exit: ClassVar[bool] = False
+    """Done = the command exits 0 (it prints no JSON ``{"event": "done"}`` line)."""
+    seeds_after: ClassVar[bool] = True
+    """Its nodes keep uploading once done; False: pre-existing seeders cannot help it
+    (they are not started for it)."""
+    seeder_fetches: ClassVar[bool] = False
+    """A pre-existing seeder gets its copy by fetching (alone, from S3) rather than
+    finding the file in place."""
+
+    def unavailable(self) -> str | None:
+        """Why this system cannot run here (a missing binary), or None."""
+        return None
+
+    def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
+        """What a node runs to put the artifact into ``dest_dir`` (``seed``: a seeder,
+        holding the file, or fetching it alone before the run)."""
+        raise NotImplementedError
+
+
+class Swarm(System):
+    """``swarm fetch NAME DEST --listen IP --coordinator URL --json``; the daemon it starts
+    keeps seeding."""
+
+    name = "swarm"
+    seeder_fetches = True  # a swarm seeder is a node that fetched before
+
+    def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
+        return [*SWARM, "fetch", fleet.artifact_name, str(dest_dir / fleet.artifact_name),
+                "--listen", host.ip, "--coordinator", fleet.coordinator.url, "--json"]  # fmt: skip
+
+
+class Libtorrent(System):
+    """Stock libtorrent 2.1 (:mod:`swarm.lab.baseline_libtorrent`) with the published
+    .torrent (S3 object as web seed) and the coordinator as tracker; seeds after."""
+
+    name = "libtorrent"
+
+    def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
+        return [sys.executable, "-m", "swarm.lab.baseline_libtorrent", str(fleet.torrent),
+                str(dest_dir), "--listen", host.ip, "--port", str(BT_PORT), "--tracker",
+                fleet.coordinator.tracker_url, "--sha256", fleet.sha256, "--seed",
+                "--timeout", str(fleet.config.timeout() + SEEDER_TIMEOUT)]  # fmt: skip
+
+
+class Aria2c(System):
+    """aria2c with the same torrent and tracker, seeding until every node is done."""
+
+    name = "aria2c"
+
+    def unavailable(self) -> str | None:
+        return None if shutil.which("aria2c") else "aria2c is not installed (apt-get install aria2)"
+
+    def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
+        hook = fleet.work / "aria2-hook.sh"
+        if not hook.exists():
+            hook.write_text(ARIA2_HOOK)
+            hook.chmod(0o755)
+        return [shutil.which("aria2c") or "aria2c", "--quiet=true",
+                "--enable-dht=false", "--enable-dht6=false", "--bt-enable-lpd=false",
+                "--enable-peer-exchange=false", f"--bt-tracker={fleet.coordinator.tracker_url}",
+                f"--listen-port={BT_PORT}", f"--interface={host.ip}",
+                "--seed-time=1440", "--seed-ratio=0.0", f"--dir={dest_dir}",
+                "--file-allocation=none", "--check-integrity=true",
+                "--bt-hash-check-seed=true", f"--on-bt-download-complete={hook}",
+                "--allow-overwrite=true", "--auto-save-interval=0",
+                "--bt-save-metadata=false", "--rpc-save-upload-metadata=false",
+                str(fleet.torrent)]  # fmt: skip
+
+
+class S5cmd(System):
+    """``s5cmd cp s3://BUCKET/KEY DEST`` on every node: S3 only, what a fleet without
+    swarm does."""
+
+    name = "s5cmd"
+    done_on_exit = True
+    seeds_after = False
+
+    def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
+        s5cmd = BIN / "s5cmd"
+        exe = str(s5cmd) if s5cmd.exists() else (shutil.which("s5cmd") or "s5cmd")
+        return [exe, "--endpoint-url", fleet.s3.url, "cp", fleet.object_uri,
+                str(dest_dir / fleet.artifact_name)]  # fmt: skip
+
+
+SYSTEMS: dict[str, type[System]] = {s.name: s for s in (Swarm, Libtorrent, Aria2c, S5cmd)}
+"""Every system by name, in the bench's default order."""
+
+
+def system(name: str) -> System:
+    """The system called ``name``; ValueError listing the known ones otherwise."""
+    try:
+        return SYSTEMS[name]()
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}") from None
