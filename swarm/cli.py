@@ -457,8 +457,17 @@ def daemon(
     help="Keep peers, reports and stripes in Redis, shared by every coordinator given "
     "the same URL (default: in this process).",
 )
+@click.option(
+    "--origin-rate",
+    default="auto",
+    show_default=True,
+    callback=lambda _c, _p, v: parse_origin_rate(v),
+    help="S3's aggregate rate to the fleet, bytes/s (e.g. 12M): 'auto' measures it from "
+    "the nodes' reads; 'unlimited' (a bucket in the fleet's region) has every node read "
+    "all of an artifact from S3 from its first second.",
+)
 @reports_errors
-def coordinator(listen: str, db: Path | None, store: str | None) -> None:
+def coordinator(listen: str, db: Path | None, store: str | None, origin_rate: float | None) -> None:
     """Run the coordinator: BitTorrent tracker, fleet view, reports, metrics."""
     from swarm.coordinator.app import run
     from swarm.fleetauth import fleet_token, install_redactor
@@ -466,8 +475,30 @@ def coordinator(listen: str, db: Path | None, store: str | None) -> None:
     settings = config.load()
     install_redactor(settings.secret)
     run(
-        listen, db, token=fleet_token(settings.secret) if settings.secret else None, store_url=store
+        listen,
+        db,
+        token=fleet_token(settings.secret) if settings.secret else None,
+        store_url=store,
+        origin_rate=origin_rate,
     )
+
+
+def parse_origin_rate(value: str) -> float | None:
+    """``--origin-rate``: None for auto, ``math.inf`` for unlimited, else bytes/s > 0."""
+    text = value.strip().lower()
+    if text == "auto":
+        return None
+    if text == "unlimited":
+        return math.inf
+    try:
+        rate = pieces.parse_size(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: give bytes/s (e.g. 12M), 'auto' or 'unlimited'"
+        ) from None
+    if rate <= 0:
+        raise click.BadParameter(f"{value!r}: the rate must be above 0 (or 'auto')")
+    return float(rate)
 
 
 @cli.command()

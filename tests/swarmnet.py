@@ -97,8 +97,10 @@ class Swarm:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start_coordinator(self) -> None:
-        """Start (or restart) the coordinator; returns once it answers."""
+    def start_coordinator(self, *args: str) -> None:
+        """Start (or restart) the coordinator with ``swarm coordinator`` options ``args``;
+        returns once it answers."""
+        self._coordinator.args = args
         self.coordinator = self._coordinator.start()
         self.processes.append(self.coordinator)
 

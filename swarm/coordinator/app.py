@@ -372,6 +372,7 @@ def run(
     token: str | None = None,
     store_url: str | None = None,
     report_budget: float | None = None,
+    origin_rate: float | None = None,
 ) -> None:
     """Serve the coordinator until interrupted (``swarm coordinator``).
 
@@ -381,6 +382,8 @@ def run(
             this process.
         report_budget: reports per second to ask of the fleet (default
             ``REPORT_BUDGET``, or ``REDIS_REPORT_BUDGET`` with a Redis store).
+        origin_rate: S3's aggregate rate to the fleet, bytes/s, as the operator knows
+            it (``math.inf``: unlimited); None measures it (:mod:`.capacity`).
 
     Raises:
         UsageError: ``listen`` is not ``HOST:PORT``, or ``store_url`` not a redis:// URL.
@@ -403,8 +406,10 @@ def run(
                 "there, or leave out --store to keep the state in this process"
             ) from error
         store = RedisPeerStore(client, peer_ttl=PEER_TTL_INTERVALS * ANNOUNCE_INTERVAL)
-        planner = StripePlanner(state=RedisPlanState(client))
+        planner = StripePlanner(state=RedisPlanState(client), origin_rate=origin_rate)
         budget = REDIS_REPORT_BUDGET if report_budget is None else report_budget
+    elif origin_rate is not None:
+        planner = StripePlanner(origin_rate=origin_rate)
     app = make_app(
         store,
         db_path=db_path,

@@ -60,7 +60,9 @@ class _Artifact:
 
 
 class CapacityBook:
-    def __init__(self) -> None:
+    def __init__(self, origin_rate: float | None = None) -> None:
+        self.origin_rate = origin_rate
+        """S3's aggregate rate if the operator gave it (else measured per snapshot)."""
         self._artifacts: dict[str, _Artifact] = {}
         self._by_node: dict[str, set[str]] = {}
 
@@ -96,7 +98,14 @@ class CapacityBook:
         if now - art.at < SNAPSHOT_PERIOD:
             return art.allocation
         art.at = now
-        snap = snapshot(art.size, art.links.values(), art.complete.values(), s3_per_reader, readers)
+        snap = snapshot(
+            art.size,
+            art.links.values(),
+            art.complete.values(),
+            s3_per_reader,
+            readers,
+            self.origin_rate,
+        )
         art.allocation = allocate(snap) if snap is not None else None
         art.bound = bound(snap) if snap is not None else 0.0
         return art.allocation
@@ -132,13 +141,18 @@ def snapshot(
     seeders: Iterable[float],
     s3_per_reader: float | None,
     readers: int,
+    origin_rate: float | None = None,
 ) -> Snapshot | None:
     fetching = [link for link in links if link.down > 0]
-    if not fetching or not s3_per_reader or s3_per_reader <= 0:
+    if not fetching:
         return None
     down = statistics.median(link.down for link in fetching)
     up = statistics.fmean(max(link.up, link.down) for link in fetching)
-    if s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching):
+    if origin_rate is not None:
+        origin = origin_rate
+    elif not s3_per_reader or s3_per_reader <= 0:
+        return None
+    elif s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching):
         origin = math.inf
     else:
         origin = s3_per_reader * max(1, readers)

@@ -35,6 +35,7 @@ coordinator is down.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from abc import ABC, abstractmethod
 from array import array
@@ -536,6 +537,7 @@ class StripePlanner:
         stall_seconds: float = STALL_SECONDS,
         max_readers: int = DEFAULT_MAX_READERS,
         state: PlanState | None = None,
+        origin_rate: float | None = None,
     ) -> None:
         if stripe_bytes <= 0 or stall_seconds <= 0 or max_readers <= 0:
             raise ValueError(
@@ -546,7 +548,10 @@ class StripePlanner:
         self.stall_seconds = stall_seconds
         self.max_readers = max_readers
         self.state = state if state is not None else MemoryPlanState()
-        self.capacity = CapacityBook()
+        self.origin_rate = origin_rate
+        """S3's aggregate rate as the operator gave it (``math.inf``: unlimited), or None
+        to measure it."""
+        self.capacity = CapacityBook(origin_rate)
 
     def check(self, info_hash: str, piece_size: int, count: int) -> None:
         """Raise :class:`GeometryError` if ``info_hash`` is known with another geometry."""
@@ -631,7 +636,10 @@ class StripePlanner:
         )
         fill = may_fill(peers, estimate) and done.spread
         mode, direct = state.mode, 0.0
-        if done.spread:
+        if self.origin_rate == math.inf:
+            # the operator says S3 feeds every node at link speed: nothing to measure
+            mode = Mode.ALL
+        elif done.spread:
             # Every piece has left the origin (or is on its way): from here what S3
             # still gives is the allocation's direct share. Before, stripes are right in
             # every shape (distinct pieces, read at full width), and the snapshot needs

@@ -27,8 +27,11 @@ class Coordinator:
         log: Path,
         port: int = COORDINATOR_PORT,
         db: Path | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.host = host
+        self.args = args
+        """More ``swarm coordinator`` options (e.g. ``--origin-rate unlimited``)."""
         self.env = env
         self.log = log
         self.port = port
@@ -44,6 +47,7 @@ class Coordinator:
         args = [*SWARM, "coordinator", "--listen", f"{self.host.ip}:{self.port}"]
         if self.db is not None:
             args += ["--db", str(self.db)]
+        args += self.args
         with self.log.open("ab") as out:
             self.process = self.host.popen(
                 args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -186,3 +186,28 @@ def test_status_with_unreachable_coordinator_exits_1(env):
         env=env,
     )
     assert proc.returncode == 1 and "cannot reach the coordinator" in proc.stderr
+
+
+def test_unlimited_origin_every_node_reads_all_from_s3_then_seeds(env, artifact, tmp_path):
+    """``--origin-rate unlimited`` (a bucket in the fleet's region): the coordinator tells
+    every node ALL from its first plan, so each reads the whole artifact from S3 and takes
+    nothing from peers (libtorrent in upload mode); each then seeds. A late node whose S3
+    is down completes from them: its reader fails, and peers fill the file meanwhile."""
+    with Swarm(tmp_path / "swarm", {**env}) as swarm:
+        (tmp_path / "swarm").mkdir()
+        swarm.start_coordinator("--origin-rate", "unlimited")
+        nodes = [swarm.node(i) for i in range(3)]
+        fetches = [(n, n.fetch("index.db", tmp_path / f"{n.name}.db")) for n in nodes]
+        for node, process in fetches:
+            done = done_event(process, FETCH_TIMEOUT)
+            assert sha256(tmp_path / f"{node.name}.db") == sha256(artifact)
+            assert done["bytes_by_source"] == {"peers": 0, "s3": SIZE, "udp": 0}, done
+        fleet = get_json(swarm.coordinator_url + "/v1/fleet")
+        (entry,) = [a for a in fleet["artifacts"] if a["name"] == "index.db"]
+        assert entry["allocation"] is None or entry["allocation"]["mode"] == "all"
+        late = swarm.node(7)
+        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(fail_ranged_status=503)) as proxy:
+            late.env["AWS_ENDPOINT_URL"] = proxy.url  # manifests answer, body reads do not
+            done = done_event(late.fetch("index.db", tmp_path / "late.db"), FETCH_TIMEOUT)
+        assert sha256(tmp_path / "late.db") == sha256(artifact)
+        assert done["bytes_by_source"]["peers"] >= SIZE, done  # (endgame may repeat a block)

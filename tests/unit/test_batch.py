@@ -1,0 +1,33 @@
+"""What a node's S3 reader takes next under a coordinator plan (swarm/batch.py)."""
+
+from __future__ import annotations
+
+from swarm.batch import BatchKind, planned_batch
+from swarm.messages import OriginPlan
+
+MISSING = list(range(10))
+AVAILABILITY = [0, 0, 1, 1, 0, 0, 0, 0, 2, 0]
+
+
+def test_all_takes_every_missing_piece() -> None:
+    batch = planned_batch(OriginPlan(mode="all"), MISSING, set(), AVAILABILITY, set(), 0)
+    assert batch.kind is BatchKind.ALL and batch.pieces == MISSING and batch.direct == 0
+
+
+def test_stripe_then_the_direct_share() -> None:
+    """The stripe first (minus what arrived), then the direct budget in WIDE order:
+    pieces peers hold before pieces nobody holds, never a stripe piece twice."""
+    plan = OriginPlan(stripe=(4, 5, 6), mode="stripe")
+    batch = planned_batch(plan, MISSING, {6}, AVAILABILITY, set(), 0, direct_budget=3)
+    assert batch.kind is BatchKind.STRIPE
+    assert batch.pieces == [4, 5, 8, 3, 2] and batch.direct == 3
+    # the budget spent: the stripe alone
+    batch = planned_batch(plan, MISSING, {6}, AVAILABILITY, set(), 0, direct_budget=0)
+    assert batch.pieces == [4, 5] and batch.direct == 0
+
+
+def test_direct_share_is_read_from_the_plan_and_bounded() -> None:
+    assert OriginPlan.from_json({"mode": "stripe", "direct": 0.25}).direct == 0.25  # type: ignore[union-attr]
+    assert OriginPlan.from_json({"mode": "stripe", "direct": 7}).direct == 1.0  # type: ignore[union-attr]
+    assert OriginPlan.from_json({"mode": "stripe", "direct": "x"}).direct == 0.0  # type: ignore[union-attr]
+    assert OriginPlan.from_json({"mode": "all"}).mode == "all"  # type: ignore[union-attr]
