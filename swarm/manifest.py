@@ -219,7 +219,7 @@ class Manifest:
     # -- serialisation ----------------------------------------------------------------------
 
     def _body(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "version": MANIFEST_VERSION,
             "name": self.name,
             "size": self.size,
@@ -229,6 +229,11 @@ class Manifest:
             "info_hash": self.info_hash,
             "torrent": base64.b64encode(self.torrent).decode(),
         }
+        if self.files is not None:  # absent for single files: their manifests are unchanged
+            body["files"] = [
+                {"path": e.path, "size": e.size, "sha256": e.sha256} for e in self.files
+            ]
+        return body
 
     def dumps(self, secret: str | None = None) -> bytes:
         body = self._body()

@@ -226,6 +226,7 @@ def place_tree(
     manifest, dest = artifact.manifest, artifact.dest
     assert dest is not None
     old = artifact.sink
+    before = old.state.status
     session.remove(artifact.info_hash)
     set_modes(artifact.data_path, manifest, DEST_MODE)
     swap_in(artifact.data_path, dest)
@@ -234,6 +235,10 @@ def place_tree(
         state.handle.connect_peer(address)
     sink = TorrentSink(session, manifest)
     sink.bytes_by_source, sink.hash_failures = old.bytes_by_source, old.hash_failures
+    # the new handle counts from zero: keep what peers gave (shown in the status)
+    sink.bytes_by_source["peers"] = old.bytes_by_source.get("peers", 0) + (
+        before.total_payload_download if before is not None else 0
+    )
     artifact.sink, artifact.data_path = sink, dest
 
 
