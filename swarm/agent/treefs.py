@@ -91,28 +91,33 @@ def _renameat2(src: Path, dst: Path, flags: int) -> int:
     return ctypes.get_errno()
 
 
-def swap_in(staging: Path, dest: Path) -> None:
+def swap_in(staging: Path, dest: Path, *, keep_old: bool = False) -> Path | None:
     """Put the verified directory ``staging`` at ``dest``; an older ``dest`` is replaced
-    atomically (exchanged, then removed)."""
+    atomically (exchanged), then removed, or (``keep_old``) returned for the caller to
+    remove once it is done (the daemon, once it seeds the new tree)."""
+    old: Path | None = None
     if dest.is_dir() and not dest.is_symlink():
         code = _renameat2(staging, dest, RENAME_EXCHANGE)
         if code == 0:
-            fsync_dir(dest.parent)
-            shutil.rmtree(staging)  # the old tree, now at the staging path
-            return
-        log.info(
-            "renameat2 exchange refused (%s): renaming the old %s aside", os.strerror(code), dest
-        )
-        aside = dest.with_name(f".{dest.name}.swarm-old")
-        shutil.rmtree(aside, ignore_errors=True)
-        os.rename(dest, aside)
+            old = staging  # the old tree, now at the staging path
+        else:
+            log.info(
+                "renameat2 exchange refused (%s): renaming the old %s aside",
+                os.strerror(code),
+                dest,
+            )
+            old = dest.with_name(f".{dest.name}.swarm-old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(dest, old)
+            os.rename(staging, dest)
+    else:
+        check_tree_dest(dest)
         os.rename(staging, dest)
-        fsync_dir(dest.parent)
-        shutil.rmtree(aside)
-        return
-    check_tree_dest(dest)
-    os.rename(staging, dest)
     fsync_dir(dest.parent)
+    if old is not None and not keep_old:
+        shutil.rmtree(old)
+        return None
+    return old
 
 
 def verify_tree(root: Path, manifest: Manifest, *, create_empty: bool = False) -> str:
@@ -227,9 +232,9 @@ def place_tree(
     assert dest is not None
     old = artifact.sink
     before = old.state.status
-    session.remove(artifact.info_hash)
     set_modes(artifact.data_path, manifest, DEST_MODE)
-    swap_in(artifact.data_path, dest)
+    session.remove(artifact.info_hash)
+    previous = swap_in(artifact.data_path, dest, keep_old=True)
     state = session.add(manifest, dest, trackers, seed_mode=True)
     for address in extra_peers:
         state.handle.connect_peer(address)
@@ -240,6 +245,8 @@ def place_tree(
         before.total_payload_download if before is not None else 0
     )
     artifact.sink, artifact.data_path = sink, dest
+    if previous is not None:  # the old version, removed once the new one is seeded
+        shutil.rmtree(previous, ignore_errors=True)
 
 
 def copy_tree_verified(manifest: Manifest, src: Path, dest: Path, *, writable: bool) -> None:
