@@ -316,9 +316,9 @@ class Manifest:
         # fields, so everything in it that names a path or a file type must be refused here.
         if b"file tree" in info:
             # BEP 52 (v2/hybrid) file tree: paths we would not check.
-            raise bad("v2 file trees are not artifacts")
+            raise bad("multi-file v2 file trees are not artifacts")
         if (b"files" in info) != self.is_tree:
-            raise bad("the metainfo's file list and the manifest's disagree")
+            raise bad("a multi-file metainfo needs the manifest's file list, and only it has one")
         if self.files is not None:
             _check_tree_info(info, self.files, bad)
             length = sum(e.size for e in self.files)
