@@ -18,7 +18,7 @@ from typing import Any
 import botocore.exceptions
 
 from swarm.errors import NotFoundError, UsageError
-from swarm.manifest import MANIFEST_SUFFIX, Manifest, check_name
+from swarm.manifest import Manifest, check_name, manifest_key
 from swarm.objectstore import S3_ERRORS, S3Url, raise_for
 
 ENTRY_SUFFIX = ".json"
@@ -66,9 +66,10 @@ def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
     """``s3://BUCKET/KEY`` as is; a bare NAME through the catalog."""
     if source.startswith("s3://"):
         url = S3Url.parse(source)
-        if not url.key or url.key.endswith("/"):
+        if not url.key or url.key == "/":
             raise UsageError(
-                f"swarm: {source} names no object: use s3://BUCKET/KEY (the published file)"
+                f"swarm: {source} names no object: use s3://BUCKET/KEY (the published file) "
+                "or s3://BUCKET/PREFIX/ (a published directory)"
             )
         return url
     if not catalog:
@@ -97,10 +98,16 @@ def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
 
 
 def load_manifest(client: Any, url: S3Url, secret: str | None = None) -> Manifest:
-    """Read and check ``url.swarm``."""
-    target = S3Url(url.bucket, url.key + MANIFEST_SUFFIX)
+    """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``)."""
+    target = S3Url(url.bucket, manifest_key(url.key))
     try:
         data = client.get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
     except S3_ERRORS as error:
         raise_for(error, target)
-    return Manifest.loads(data, secret, origin=str(target))
+    manifest = Manifest.loads(data, secret, origin=str(target))
+    if url.key.endswith("/") and not manifest.is_tree:
+        raise NotFoundError(
+            f"swarm: {url} names a directory, but {target} is a single file's manifest: "
+            f"fetch s3://{url.bucket}/{url.key[:-1]} instead"
+        )
+    return manifest

@@ -74,7 +74,7 @@ def cli(verbose: int) -> None:
 
 
 @cli.command(epilog=EXIT_HELP)
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.argument("dest")
 @click.option("--name", help="Record the artifact under NAME in the catalog (SWARM_CATALOG).")
 @click.option(
@@ -95,7 +95,11 @@ def publish(
     endpoint_url: str | None,
     as_json: bool,
 ) -> None:
-    """Upload FILE to s3://BUCKET/KEY with its manifest (KEY.swarm) and torrent (KEY.torrent)."""
+    """Upload FILE to s3://BUCKET/KEY with its manifest (KEY.swarm) and torrent (KEY.torrent).
+
+    FILE may be a directory: its files go to s3://BUCKET/PREFIX/<relative path>, as one
+    multi-file torrent, with PREFIX.swarm and PREFIX.torrent beside the prefix."""
+    from swarm.manifest import manifest_key
     from swarm.objectstore import S3Url, make_client
     from swarm.publish import publish as do_publish
 
@@ -118,7 +122,8 @@ def publish(
     summary = {
         "name": manifest.name,
         "url": manifest.s3_url,
-        "manifest": manifest.s3_url + ".swarm",
+        "manifest": f"s3://{manifest.bucket}/{manifest_key(manifest.key)}",
+        "files": len(manifest.files) if manifest.files is not None else 1,
         "size": manifest.size,
         "sha256": manifest.sha256,
         "piece_size": manifest.piece_size,
@@ -133,7 +138,7 @@ def publish(
             f"published {manifest.name} ({manifest.size} bytes, {manifest.layout.count} "
             f"pieces of {manifest.piece_size}) to {manifest.s3_url}"
         )
-        click.echo(f"  manifest {manifest.s3_url}.swarm  info-hash {manifest.info_hash}")
+        click.echo(f"  manifest {summary['manifest']}  info-hash {manifest.info_hash}")
 
 
 @cli.command(epilog=EXIT_HELP)
@@ -318,7 +323,7 @@ def _fetch_with_daemon(
     from swarm.progress import DaemonProgress
 
     dest = dest.absolute()
-    check_dest(dest)
+    check_dest(dest, directory_ok=True)  # the daemon checks again once it knows the artifact
     token = fleet_token(settings.secret) if settings.secret else None
     client = ensure_daemon(settings.home, listen, settings.coordinator, peers_from_asg, token)
     request = FetchRequest(

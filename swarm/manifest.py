@@ -26,6 +26,7 @@ import fastbencode
 
 from swarm.errors import ManifestError
 from swarm.pieces import PieceLayout, sha1_pieces, validate_piece_size
+from swarm.tree import FileEntry, TreeLayout, check_files, tree_order
 
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".swarm"
@@ -74,6 +75,19 @@ class Manifest:
     key: str
     torrent: bytes = field(repr=False)
     """Bencoded BitTorrent v1 metainfo (BEP 3), with the S3 object as ``url-list`` (BEP 19)."""
+    files: tuple[FileEntry, ...] | None = None
+    """A directory artifact's files in tree order (None: a single file). ``key`` is then
+    the S3 prefix (ending in '/'), each file at ``key + path``; ``size`` and ``sha256``
+    are those of the files concatenated in order (the logical byte space)."""
+
+    @property
+    def is_tree(self) -> bool:
+        return self.files is not None
+
+    @property
+    def tree_layout(self) -> TreeLayout:
+        assert self.files is not None
+        return TreeLayout(entry.size for entry in self.files)
 
     @property
     def layout(self) -> PieceLayout:
@@ -136,10 +150,76 @@ class Manifest:
             name, size, whole.hexdigest(), piece_size, bucket, key, fastbencode.bencode(meta)
         )
 
+    @classmethod
+    def from_tree(
+        cls,
+        files: list[tuple[str, Path, int]],
+        *,
+        name: str,
+        piece_size: int,
+        bucket: str,
+        prefix: str,
+        web_seed: str | None = None,
+    ) -> Manifest:
+        """Hash a directory's files (``swarm.tree.scan_dir``) once, in tree order: SHA-1
+        per piece across file boundaries, SHA-256 per file and of the concatenation."""
+        validate_piece_size(piece_size)
+        check_name(name)
+        files = sorted(files, key=lambda item: tree_order(item[0]))
+        whole = hashlib.sha256()
+        pieces = bytearray()
+        piece = hashlib.sha1()
+        in_piece = 0
+        entries: list[FileEntry] = []
+        for rel, path, _size in files:
+            own = hashlib.sha256()
+            size = 0
+            with path.open("rb", buffering=0) as stream:
+                while chunk := stream.read(HASH_CHUNK):
+                    own.update(chunk)
+                    whole.update(chunk)
+                    size += len(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        take = min(len(view), piece_size - in_piece)
+                        piece.update(view[:take])
+                        in_piece += take
+                        view = view[take:]
+                        if in_piece == piece_size:
+                            pieces += piece.digest()
+                            piece, in_piece = hashlib.sha1(), 0
+            entries.append(FileEntry(rel, size, own.hexdigest()))
+        if in_piece:
+            pieces += piece.digest()
+        check_files(entries)
+        info = {
+            b"name": name.encode(),
+            b"files": [
+                {b"length": e.size, b"path": [p.encode() for p in e.parts]} for e in entries
+            ],
+            b"piece length": piece_size,
+            b"pieces": bytes(pieces),
+            b"private": 1,
+        }
+        meta: dict[bytes, Any] = {b"info": info, b"created by": b"swarm"}
+        if web_seed:  # BEP 19 multi-file: the url names the directory, ending in '/'
+            meta[b"url-list"] = [web_seed.encode()]
+        total = sum(e.size for e in entries)
+        return cls(
+            name,
+            total,
+            whole.hexdigest(),
+            piece_size,
+            bucket,
+            prefix,
+            fastbencode.bencode(meta),
+            tuple(entries),
+        )
+
     # -- serialisation ----------------------------------------------------------------------
 
     def _body(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "version": MANIFEST_VERSION,
             "name": self.name,
             "size": self.size,
@@ -149,6 +229,11 @@ class Manifest:
             "info_hash": self.info_hash,
             "torrent": base64.b64encode(self.torrent).decode(),
         }
+        if self.files is not None:  # absent for single files: their manifests are unchanged
+            body["files"] = [
+                {"path": e.path, "size": e.size, "sha256": e.sha256} for e in self.files
+            ]
+        return body
 
     def dumps(self, secret: str | None = None) -> bytes:
         body = self._body()
@@ -177,6 +262,7 @@ class Manifest:
                 bucket=_typed(body["s3"]["bucket"], str),
                 key=_typed(body["s3"]["key"], str),
                 torrent=base64.b64decode(_typed(body["torrent"], str), validate=True),
+                files=_files(body.get("files")),
             )
             signature = body.get("signature")
         except ManifestError:
@@ -219,7 +305,7 @@ class Manifest:
                 raise TypeError("no info dictionary")
             info = meta[b"info"]
             # Typed, so a list or an int where bytes belong is refused, not an AttributeError.
-            length = _typed(info[b"length"], int)
+            length = _typed(info[b"length"], int) if self.files is None else 0
             plen = _typed(info[b"piece length"], int)
             pieces = _typed(info[b"pieces"], bytes)
             raw_name = _typed(info[b"name"], bytes)
@@ -228,9 +314,18 @@ class Manifest:
             raise bad(f"metainfo: {error}") from error
         # What a BitTorrent client writes is decided by the info dict, not by our manifest
         # fields, so everything in it that names a path or a file type must be refused here.
-        if b"files" in info or b"file tree" in info:
-            # BEP 3 multi-file, BEP 52 (v2/hybrid) file tree: paths we would not check.
-            raise bad("multi-file torrents are not artifacts")
+        if b"file tree" in info:
+            # BEP 52 (v2/hybrid) file tree: paths we would not check.
+            raise bad("multi-file v2 file trees are not artifacts")
+        if (b"files" in info) != self.is_tree:
+            raise bad("a multi-file metainfo needs the manifest's file list, and only it has one")
+        if self.files is not None:
+            _check_tree_info(info, self.files, bad)
+            length = sum(e.size for e in self.files)
+            if self.size == 0:
+                raise bad("a directory artifact needs at least one byte")
+            if not self.key.endswith("/"):
+                raise bad("a directory artifact's S3 key is a prefix ending in '/'")
         if b"name.utf-8" in info and info[b"name.utf-8"] != raw_name:
             # libtorrent prefers name.utf-8 over name when saving, so it must not differ.
             raise bad("metainfo name.utf-8 differs from name")
@@ -248,6 +343,50 @@ class Manifest:
             raise bad(f"{len(pieces) // 20} piece hashes for {self.layout.count} pieces")
         if info_hash is not None and info_hash != self.info_hash:
             raise bad("info_hash does not match the metainfo")
+
+
+def manifest_key(key: str) -> str:
+    """Where an artifact's manifest is: ``KEY.swarm`` for a file; for a directory's
+    prefix ``P/``, ``P.swarm`` beside it (so the directory holds only its own files)."""
+    return (key[:-1] if key.endswith("/") else key) + MANIFEST_SUFFIX
+
+
+def torrent_key(key: str) -> str:
+    return (key[:-1] if key.endswith("/") else key) + TORRENT_SUFFIX
+
+
+def _files(raw: Any) -> tuple[FileEntry, ...] | None:
+    if raw is None:
+        return None
+    entries = tuple(
+        FileEntry(_typed(e["path"], str), _typed(e["size"], int), _typed(e["sha256"], str))
+        for e in _typed(raw, list)
+    )
+    check_files(entries)  # ManifestError: unsafe, duplicate or unordered paths
+    return entries
+
+
+def _check_tree_info(info: dict[bytes, Any], files: tuple[FileEntry, ...], bad: Any) -> None:
+    """The metainfo's ``files`` must list exactly the manifest's files: libtorrent writes
+    what the metainfo says, so a path there that the manifest does not name is refused."""
+    try:
+        listed = _typed(info[b"files"], list)
+        if len(listed) != len(files):
+            raise ValueError(f"{len(listed)} files in the metainfo, {len(files)} in the manifest")
+        for raw, entry in zip(listed, files, strict=True):
+            raw = _typed(raw, dict)
+            parts = [_typed(p, bytes).decode() for p in _typed(raw[b"path"], list)]
+            if "/".join(parts) != entry.path or "/" in "".join(parts):
+                raise ValueError(f"metainfo path {parts!r} is not {entry.path!r}")
+            if _typed(raw[b"length"], int) != entry.size:
+                raise ValueError(f"metainfo length of {entry.path!r} differs")
+            attr = raw.get(b"attr", b"")
+            if b"path.utf-8" in raw or b"symlink path" in raw or not isinstance(attr, bytes):
+                raise ValueError(f"metainfo entry of {entry.path!r} has extra path fields")
+            if b"l" in attr or b"p" in attr:
+                raise ValueError(f"metainfo entry of {entry.path!r} is a symlink or padding")
+    except (ValueError, KeyError, TypeError) as error:
+        raise bad(f"metainfo files: {error}") from error
 
 
 def _typed(value: Any, kind: type) -> Any:

@@ -261,9 +261,17 @@ def fetch_via_daemon(
         if not lock.acquire(status["info_hash"], timeout=remaining()):
             remaining()
         try:
-            copy_verified(held, dest, status["sha256"], status["size"], copy_file)
-            if request.copy:
-                os.chmod(dest, 0o644)
+            if held.is_dir():  # a directory artifact: its manifest is in the node's home
+                from swarm.agent.treefs import copy_tree_verified
+                from swarm.manifest import Manifest
+
+                record = client.home / "artifacts" / f"{status['info_hash']}.swarm"
+                manifest = Manifest.loads(record.read_bytes(), origin=str(record))
+                copy_tree_verified(manifest, held, dest, writable=request.copy)
+            else:
+                copy_verified(held, dest, status["sha256"], status["size"], copy_file)
+                if request.copy:
+                    os.chmod(dest, 0o644)
         finally:
             lock.release()
     status["seconds"] = round(time.monotonic() - started, 3)

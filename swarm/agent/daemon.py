@@ -41,7 +41,7 @@ import libtorrent as lt
 from aiohttp import web
 
 from swarm import catalog
-from swarm.agent import finisher, registry
+from swarm.agent import finisher, registry, treefs
 from swarm.agent.api import make_api
 from swarm.agent.client import sock_path
 from swarm.agent.destlock import DestLock
@@ -262,6 +262,8 @@ class Daemon:
         )
         url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
         manifest = catalog.load_manifest(client, url, self.settings.secret)
+        if request.dest:
+            treefs.check_dest_kind(manifest, Path(request.dest))
         dest = Path(request.dest) if request.dest and not request.copy else None
         artifact = self.artifacts.get(manifest.info_hash)
         if artifact is not None and artifact.verified.is_set():
@@ -367,9 +369,8 @@ class Daemon:
         def held() -> set[int]:
             return artifact.direct.held() if artifact.direct is not None else state.held
 
-        return finisher.Finisher(
-            self.session, artifact.manifest, artifact.data_path, artifact.cancel, held
-        )
+        kind = treefs.TreeFinisher if artifact.manifest.is_tree else finisher.Finisher
+        return kind(self.session, artifact.manifest, artifact.data_path, artifact.cancel, held)
 
     def _seed_restored(self, artifact: Artifact) -> None:
         """A restored artifact that was verified: seeding once libtorrent has checked it.
@@ -422,6 +423,9 @@ class Daemon:
                     self._start_source(artifact, "s3")
             if artifact.direct is not None:
                 self._adopt(artifact)
+            elif artifact.manifest.is_tree:
+                if artifact.dest is not None and artifact.data_path != artifact.dest:
+                    treefs.place_tree(self.session, artifact, self.trackers, self.extra_peers)
             elif artifact.dest is not None and artifact.data_path != artifact.dest:
                 finisher.place(self.session, artifact.info_hash, artifact.data_path, artifact.dest)
                 artifact.data_path = artifact.dest
@@ -580,6 +584,8 @@ class HeldPieces:
         return self.artifact.sink.have(index)
 
     def read(self, index: int) -> bytes:
+        if self.artifact.manifest.is_tree:
+            return treefs.read_piece(self.artifact.manifest, self.artifact.data_path, index)
         layout = self.artifact.manifest.layout
         with self.artifact.data_path.open("rb") as data:
             return os.pread(data.fileno(), layout.length(index), layout.offset(index))

@@ -124,7 +124,7 @@ def fetch_in_process(
     progress = progress or FetchProgress()
     s3_config = s3_config or S3SourceConfig()
     dest = dest.absolute()
-    check_dest(dest)
+    check_dest(dest, directory_ok=True)  # a directory artifact replaces a directory
     client = make_client(endpoint_url, max_connections=s3_config.concurrency + 2)
     manifest = within_deadline(
         deadline,
@@ -165,6 +165,11 @@ def _fetch_locked(
             **extra,  # type: ignore[arg-type]
         )
 
+    if manifest.files is not None:
+        from swarm.agent.treefs import fetch_tree
+
+        return fetch_tree(manifest, client, dest, started, deadline, s3_config, progress)  # type: ignore[no-any-return]
+    check_dest(dest)
     if dest_already_matches(dest, manifest):
         return result(already_present=True)
 

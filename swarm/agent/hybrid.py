@@ -51,7 +51,9 @@ class TorrentSink:
         return self.state.has(index)
 
     def complete(self) -> bool:
-        return self.session.torrents[self.info_hash].finished.is_set()
+        # its own state, not the session's entry: a directory swapped into DEST is
+        # removed from the session and added again under a new sink meanwhile
+        return self.state.finished.is_set()
 
     def missing(self) -> list[int]:
         """Pieces not held, as of libtorrent's last alert (a status snapshot may be 0.5 s

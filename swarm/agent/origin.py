@@ -158,7 +158,7 @@ def read_origin(
             if not batch.pieces:
                 artifact.plan_updated.wait(0.25)
                 continue
-            if batch.kind is BatchKind.ALL and artifact.direct is None:
+            if batch.kind is BatchKind.ALL and artifact.direct is None and not manifest.is_tree:
                 if status is None or status.state in CHECKING:
                     state.finished.wait(0.05)  # libtorrent is still looking at the file
                     continue

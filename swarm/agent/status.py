@@ -115,7 +115,9 @@ def describe(artifact: Artifact) -> ArtifactStatus:
         complete=complete,
         have_bytes=manifest.size if complete else have,
         bytes_by_source={
-            "peers": status.total_payload_download if status is not None else 0,
+            # plus what peers gave before a directory was swapped in (a new handle)
+            "peers": (status.total_payload_download if status is not None else 0)
+            + sink.bytes_by_source.get("peers", 0),
             "s3": sink.bytes_by_source.get("s3", 0),
             "udp": sink.bytes_by_source.get("udp", 0),
         },

@@ -55,15 +55,16 @@ def _set_to_bits(indexes: set[int], count: int) -> bytes:
     return bytes(blob)
 
 
-def check_dest(dest: Path) -> None:
-    """DEST's directory must exist and be writable; DEST itself must not be a directory."""
+def check_dest(dest: Path, directory_ok: bool = False) -> None:
+    """DEST's directory must exist and be writable; DEST itself must not be a directory
+    (``directory_ok``: unless the artifact turns out to be one, checked once it is known)."""
     parent = dest.parent
     if not parent.is_dir():
         raise UsageError(
             f"swarm: the directory {parent} for DEST does not exist: create it first "
             f"(mkdir -p {parent})"
         )
-    if dest.is_dir():
+    if dest.is_dir() and not directory_ok:
         raise UsageError(f"swarm: DEST {dest} is a directory: give a file path")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(

@@ -22,6 +22,7 @@ import fastbencode
 import libtorrent as lt
 
 from swarm.manifest import Manifest
+from swarm.tree import tree_renames
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,11 @@ class TorrentSession:
                 params = lt.add_torrent_params()
         params.ti = strip_web_seeds(manifest.torrent)
         params.save_path = str(data_path.parent)
-        params.renamed_files = {0: data_path.name}
+        params.renamed_files = (
+            {0: data_path.name}
+            if manifest.files is None
+            else tree_renames((e.path for e in manifest.files), data_path.name)
+        )
         params.trackers = trackers
         params.url_seeds = []
         flags = params.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused

@@ -135,6 +135,13 @@ class S3Source:
         self.client = client
         self.url = S3Url(manifest.bucket, manifest.key)
         self.layout: PieceLayout = manifest.layout
+        self.tree = (
+            (manifest.tree_layout, [manifest.key + e.path for e in manifest.files])
+            if manifest.files is not None
+            else None
+        )
+        """A directory artifact: its layout and each file's key (a logical range is
+        one GET per file it touches)."""
         self.sink = sink
         self.cancel = cancel
         self.config = config or S3SourceConfig()
@@ -233,10 +240,21 @@ class S3Source:
         out before returning). A fresh 1 MiB bytearray per piece was the largest holder
         of the GIL in a profile: it is zero-filled, page-faulted, with the GIL held.
         """
-        response = self.client.get_object(
-            Bucket=self.url.bucket, Key=self.url.key, Range=byte_range.header
-        )
-        body = response["Body"]
+        if self.tree is not None:
+            layout, keys = self.tree
+            body: Any = SpanningBody(
+                self.client,
+                self.url.bucket,
+                [
+                    (keys[s.file], s.offset, s.length)
+                    for s in layout.spans(byte_range.start, byte_range.end)
+                ],
+            )
+        else:
+            response = self.client.get_object(
+                Bucket=self.url.bucket, Key=self.url.key, Range=byte_range.header
+            )
+            body = response["Body"]
         bad = 0
         buffer = memoryview(bytearray(self.layout.piece_size))
         try:
@@ -252,3 +270,50 @@ class S3Source:
         if settle is not None:  # a sink that checks pieces after offer returned
             bad += settle(byte_range.pieces)
         return bad
+
+
+class SpanningBody:
+    """One logical range of a directory artifact read as consecutive ranged GETs, one per
+    file it touches (empty files touch none: no GET), behind a ``read``/``close`` body.
+
+    Each GET starts when the previous file's part is read, so only one response is open
+    at a time; a part that ends early is an ``IncompleteReadError`` (retried like any
+    truncated body)."""
+
+    def __init__(self, client: Any, bucket: str, parts: list[tuple[str, int, int]]) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.parts = parts
+        self._index = -1
+        self._body: Any = None
+        self._left = 0
+
+    def read(self, size: int) -> bytes:
+        while self._left == 0:
+            self._next()
+            if self._body is None:
+                return b""
+        chunk: bytes = self._body.read(min(size, self._left))
+        if not chunk:
+            length = self.parts[self._index][2]
+            raise botocore.exceptions.IncompleteReadError(
+                actual_bytes=length - self._left, expected_bytes=length
+            )
+        self._left -= len(chunk)
+        return chunk
+
+    def _next(self) -> None:
+        self.close()
+        self._index += 1
+        if self._index >= len(self.parts):
+            return
+        key, offset, length = self.parts[self._index]
+        response = self.client.get_object(
+            Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+        )
+        self._body, self._left = response["Body"], length
+
+    def close(self) -> None:
+        if self._body is not None:
+            self._body.close()
+            self._body = None
