@@ -454,6 +454,7 @@ class Daemon:
         direct = artifact.direct
         assert direct is not None
         old = artifact.sink
+        before = self.session.torrents[artifact.info_hash].status
         self.session.remove(artifact.info_hash)
         direct.close()
         final = artifact.final_path
@@ -466,6 +467,10 @@ class Daemon:
             state.handle.connect_peer(address)
         sink = TorrentSink(self.session, artifact.manifest)
         sink.bytes_by_source, sink.hash_failures = old.bytes_by_source, old.hash_failures
+        # what peers gave lives in the old handle's counters: carried (see status.describe)
+        sink.bytes_by_source["peers"] = old.bytes_by_source.get("peers", 0) + (
+            before.total_payload_download if before is not None else 0
+        )
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
 
     def watch(self) -> None:
