@@ -58,13 +58,16 @@ from swarm.pieces import parse_size
 def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, str]) -> str:
     swarm = next((r.all_done for r in results if r.system == "swarm"), None)
     rows = [r.row(swarm) for r in results]
+    plan = config.allocation()
     lines = [
         f"scenario {config.scenario or 'custom'}: N={config.nodes} new nodes, "
         f"k={config.seeders} seeders (up {config.seeder_rate:g}), "
         f"F={config.size / 2**20:g} MiB, piece {config.piece_size >> 10} KiB, "
         f"origin up {config.origin_up:g} Mbit, nodes up/down {config.node_up:g}/"
         f"{config.node_down:g} Mbit, S3 {config.s3}",
-        f"T* (Kumar-Ross bound) = {config.bound():.2f} s",
+        f"T* (Kumar-Ross bound) = {config.bound():.2f} s; the allocator plans "
+        f"{plan.mode.value} (direct S3 share {plan.direct:.0%}) and predicts "
+        f"{plan.finish:.2f} s",
         "",
         f"{'system':<11} {'all-done s':>10} {'median s':>9} {'x T*':>6} {'x swarm':>8} "
         f"{'origin B/F':>10} {'CPU-s/node/GiB':>14} {'cpu avg':>8} {'cpu sat':>8}",
@@ -90,6 +93,10 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
                     total[k] = total.get(k, 0) + int(v)
             shares = ", ".join(f"{k} {v / (r.size * len(r.nodes)):.0%}" for k, v in total.items())
             lines.append(f"  swarm bytes by source (share of N*F): {shares}")
+    baselines = [r for r in results if r.system != "swarm"]
+    if swarm is not None and baselines:
+        best = min(baselines, key=lambda r: r.all_done)
+        lines.append(f"  swarm / fastest baseline ({best.system}) = {swarm / best.all_done:.2f}")
     for system, why in failures.items():
         # the header and the failing job's own reason (its log tails are in the run's log)
         lines.append(f"{system:<11} FAILED: {' '.join(why.splitlines()[:2])}")

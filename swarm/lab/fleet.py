@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarm.coordinator.allocate import Allocation, Snapshot, allocate
 from swarm.lab.coordinator import Coordinator
 from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
 from swarm.lab.procs import cpu_seconds
@@ -135,6 +136,21 @@ class FleetConfig:
         server = (self.origin_up + self.seeders * self.seeder_rate) * mbit
         total = server + self.nodes * self.node_up * mbit
         return max(f / server, f / (self.node_down * mbit), self.nodes * f / total)
+
+    def allocation(self) -> Allocation:
+        """What the coordinator's allocator plans for this shape's capacities at the
+        start (every node lacking everything), with its predicted finish."""
+        mbit = 1e6 / 8  # bytes/s
+        return allocate(
+            Snapshot(
+                self.size,
+                self.nodes,
+                self.node_down * mbit,
+                self.node_up * mbit,
+                self.origin_up * mbit,
+                self.seeders * self.seeder_rate * mbit,
+            )
+        )
 
     def timeout(self) -> float:
         """Seconds one system may take: the explicit setting, else 60 s plus the larger of

@@ -8,32 +8,31 @@ import pytest
 
 from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
 from swarm.coordinator.capacity import CapacityBook
+from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
 F = 128 << 20
+SHAPES = sorted(SCENARIOS)
 
-# (origin up, node up, node down, nodes, seeders x upload) in Mbit/s, as bench/fleet.py's
-# scenarios define them
-SHAPES = {
-    "origin-bound": (100, 200, 200, 8, 0),
-    "swarm-bound": (1000, 200, 200, 8, 0),
-    "slow-uploads": (1000, 20, 400, 8, 0),
-    "s3-fast": (1500, 250, 250, 6, 0),
-    "mixed": (400, 100, 300, 8, 0),
-    "existing-seeders": (50, 200, 200, 8, 2 * 200),
-}
+
+def fields(shape: str) -> tuple[float, float, float, int, float, int]:
+    """(origin up, node up, node down, nodes, all seeders' upload) in Mbit/s, and F, as
+    the fleet bench runs the shape."""
+    c = scenario(shape)
+    seeders = c["seeders"] * (c["seeder_up"] or c["node_up"])
+    return c["origin_up"], c["node_up"], c["node_down"], c["nodes"], seeders, c["size"]
 
 
 def snap(shape: str) -> Snapshot:
-    origin, up, down, nodes, seeders = SHAPES[shape]
-    return Snapshot(F, nodes, down * MBIT, up * MBIT, origin * MBIT, seeders * MBIT)
+    origin, up, down, nodes, seeders, size = fields(shape)
+    return Snapshot(size, nodes, down * MBIT, up * MBIT, origin * MBIT, seeders * MBIT)
 
 
 def kumar_ross(shape: str) -> float:
-    """T* as bench/fleet.py computes it (written out again, not imported)."""
-    origin, up, down, nodes, seeders = SHAPES[shape]
+    """T* written out again (not imported from the allocator or the bench)."""
+    origin, up, down, nodes, seeders, size = fields(shape)
     servers = (origin + seeders) * MBIT
-    return max(F / servers, F / (down * MBIT), nodes * F / (servers + nodes * up * MBIT))
+    return max(size / servers, size / (down * MBIT), nodes * size / (servers + nodes * up * MBIT))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -41,6 +40,17 @@ def test_predicted_finish_is_within_10_percent_of_the_bound(shape: str) -> None:
     plan = allocate(snap(shape))
     assert plan.finish == pytest.approx(kumar_ross(shape), rel=0.10)
     assert bound(snap(shape)) == pytest.approx(kumar_ross(shape), rel=1e-9)
+    # and at a quarter of the rates (the bench's --rate-scale 0.25): four times longer
+    c = scenario(shape, rate_scale=0.25)
+    quarter = Snapshot(
+        c["size"],
+        c["nodes"],
+        c["node_down"] * MBIT,
+        c["node_up"] * MBIT,
+        c["origin_up"] * MBIT,
+        c["seeders"] * (c["seeder_up"] or c["node_up"]) * MBIT,
+    )
+    assert allocate(quarter).finish == pytest.approx(4 * kumar_ross(shape), rel=0.10)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
