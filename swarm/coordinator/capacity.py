@@ -90,8 +90,9 @@ class CapacityBook:
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
     ) -> Allocation | None:
-        """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``;
-        None while nothing is known of S3's rate or the nodes' links."""
+        """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``; None
+        until S3's rate and the swarm's are both known. A snapshot that cannot tell
+        (no peer traffic) keeps the last allocation."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return None
@@ -106,8 +107,8 @@ class CapacityBook:
             readers,
             self.origin_rate,
         )
-        art.allocation = allocate(snap) if snap is not None else None
-        art.bound = bound(snap) if snap is not None else 0.0
+        if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
+            art.allocation, art.bound = allocate(snap), bound(snap)
         return art.allocation
 
     def describe(self, info_hash: str) -> dict[str, object] | None:
@@ -152,7 +153,12 @@ def snapshot(
         origin = origin_rate
     elif not s3_per_reader or s3_per_reader <= 0:
         return None
-    elif s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching):
+    elif (peers := statistics.median(link.peers for link in fetching)) <= 0:
+        # Nothing to compare S3 with: before peers gave anything (seeders make every
+        # piece held at once, long before a node has received from them) or while
+        # every node reads S3 alone (ALL, peers idle by design)
+        return None
+    elif s3_per_reader >= S3_AS_FAST * peers:
         origin = math.inf
     else:
         origin = s3_per_reader * max(1, readers)

@@ -92,8 +92,8 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
             f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=80 * MBIT, complete=False
         )
     # S3 gives each reader more than peers give a node: S3 is not the limit
-    plan = book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
-    assert plan is not None and plan.mode is Mode.ALL
+    plan_all = book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
+    assert plan_all is not None and plan_all.mode is Mode.ALL
     # peers give a node 10x what S3 gives a reader: the origin is the bottleneck, so
     # each piece leaves it once
     book2 = CapacityBook()
@@ -115,6 +115,13 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
         "predicted_seconds": round(F / (96 * MBIT), 2),
         "bound_seconds": round(F / (96 * MBIT), 2),
     }
+    # no peer traffic to compare S3 with (seeders hold everything, nothing came yet):
+    # no allocation; once there was one, it stands while peers are idle (ALL)
+    book3 = CapacityBook()
+    book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
+    assert book3.allocation("ih", MBIT, readers=1, now=0.0) is None
+    book.update("n0", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=0.0, complete=False)
+    assert book.allocation("ih", 200 * MBIT, readers=6, now=0.5) is plan_all
     # recomputed at most once a second; departed nodes leave the book
     book2.forget([f"n{i}" for i in range(8)])
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=5.0) is None

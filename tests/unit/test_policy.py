@@ -166,11 +166,12 @@ def test_s3_at_link_speed_means_all_once_the_stripes_are_spread():
     _plan(planner, "a", now=0.0)
     _plan(planner, "b", now=0.0)
     # a and b read their 32 MiB stripes in a second, then hold everything between them
-    a = _plan(planner, "a", held=low, now=1.0, s3=32 * MiB)
-    b = _plan(planner, "b", held=high, now=1.0, s3=32 * MiB)
+    # (peers gave each a little: S3 is far the faster source)
+    a = _plan(planner, "a", held=low, now=1.0, s3=32 * MiB, peers=2 * MiB)
+    b = _plan(planner, "b", held=high, now=1.0, s3=32 * MiB, peers=2 * MiB)
     assert a.stripe == [] and b.stripe == [] and b.s3_estimate
     assert a.mode is Mode.ALL and b.mode is Mode.ALL
-    assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB).mode is Mode.ALL
+    assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB, peers=2 * MiB).mode is Mode.ALL
 
 
 def test_default_stripes_share_the_object_among_a_scale_out():
