@@ -3,7 +3,11 @@
     GET  /v1/health               {"node", "pid", "listen", "coordinator", "peers_from_asg"}
     POST /v1/fetch                a :class:`~swarm.messages.FetchRequest` -> status
     GET  /v1/artifacts            every artifact held (the node's report)
-    GET  /v1/artifacts/IH         one :class:`~swarm.messages.ArtifactStatus`
+    GET  /v1/artifacts/IH         one :class:`~swarm.messages.ArtifactStatus`; with
+                                  ``?wait=S`` (at most 5) answered once the artifact is
+                                  verified or failed, or after S seconds (a long poll:
+                                  ``swarm fetch`` learns it is done at once, not at its
+                                  next poll)
 
 Errors are ``{"error", "exit_code"}`` with status 400 (403 without the fleet token).
 """
@@ -23,6 +27,13 @@ from swarm.messages import FetchRequest
 
 if TYPE_CHECKING:
     from swarm.agent.daemon import Daemon
+
+
+MAX_WAIT = 5.0
+"""Longest ``?wait=`` a status request may ask for."""
+
+WAIT_STEP = 0.02
+"""How often a long poll looks at the artifact (a coroutine wake-up, no I/O)."""
 
 
 def error_response(error: SwarmError) -> web.Response:
@@ -81,6 +92,14 @@ def make_api(daemon: Daemon) -> web.Application:
         found = daemon.lookup(request.match_info["info_hash"])
         if not found:
             return error_response(NotFoundError("swarm: this daemon holds no such artifact"))
+        try:
+            wait = min(MAX_WAIT, max(0.0, float(request.query.get("wait", 0))))
+        except ValueError:
+            return error_response(UsageError("swarm: ?wait= takes seconds"))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        while not found.verified.is_set() and found.failure is None and loop.time() < until:
+            await asyncio.sleep(WAIT_STEP)
         return web.json_response(daemon.describe(found).to_json())
 
     app = web.Application(middlewares=[require_token])

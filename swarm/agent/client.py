@@ -240,8 +240,13 @@ def fetch_via_daemon(
                 raise failed_error(status)
             if status.get("error"):
                 raise daemon_error(status)
-            time.sleep(min(STATUS_INTERVAL, remaining()))  # polling our own daemon's API
-            status = follow(client, path, dest, timeout=min(30.0, remaining()))
+            # a long poll: the daemon answers once the artifact is done (or after the
+            # interval); an older daemon answers at once, so pace the loop here too
+            asked = time.monotonic()
+            wait = min(STATUS_INTERVAL, remaining())
+            status = follow(client, f"{path}?wait={wait:.2f}", dest, timeout=min(30.0, remaining()))
+            if not status["complete"]:
+                time.sleep(max(0.0, wait - (time.monotonic() - asked)))
     except TimeoutError:
         if deadline is not None:  # the daemon's answer (a manifest read) outlived it
             raise DeadlineError(
