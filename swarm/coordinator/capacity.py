@@ -7,12 +7,13 @@ are symmetric far more often than not; a node whose uploads prove slow is caught
 node's own WIDE switch, :func:`swarm.policy.decide`).
 
 S3's aggregate rate is the per-reader estimate times the readers, or unlimited while S3
-gives a reader at least what the swarm gives a node. A reader cannot tell from its own
-rate whether S3 or its link limits it (both look the same at the start of a scale-out,
-when peers have nothing to give yet), but once pieces spread, the swarm's rate per node
-shows what a node can take besides S3: where the origin is the bottleneck (100 Mbit for
-8 nodes) a reader gets a fraction of what peers give; where S3 is in the same region it
-gives as much or more.
+gives a reader about all the node can take and at least what the swarm gives a node. A
+reader cannot tell from its own rate whether S3 or its link limits it (both look the
+same at the start of a scale-out, when peers have nothing to give yet), but once pieces
+spread, the nodes' peaks show what a node can take besides S3: where the origin is the
+bottleneck (100 Mbit for 8 nodes) a reader gets a fraction of its node's peak; where S3
+is in the same region it fills the link, as much as peers or more. The same test undoes
+ALL when S3 saturates under every node's reads.
 
 A report costs O(1) (one node's entry replaced); the allocation is recomputed from the
 entries at most every ``SNAPSHOT_PERIOD`` seconds per artifact, O(fleet) then. The book
@@ -34,6 +35,10 @@ from swarm.coordinator.allocate import Allocation, Snapshot, allocate, bound
 
 SNAPSHOT_PERIOD: Final = 1.0
 """Seconds an artifact's allocation is reused before it is recomputed from the book."""
+
+LINK_SHARE: Final = 0.8
+"""A reader getting less than this share of the nodes' download capacity (the median of
+their peaks) from S3 is limited by S3, whatever peers give."""
 
 S3_AS_FAST: Final = 1.0
 """S3 counts as unlimited while a reader gets at least this multiple of what the swarm
@@ -153,10 +158,13 @@ def snapshot(
         origin = origin_rate
     elif not s3_per_reader or s3_per_reader <= 0:
         return None
+    elif s3_per_reader < LINK_SHARE * down:
+        # a reader gets well below what nodes have shown they can take: S3 is the limit
+        origin = s3_per_reader * max(1, readers)
     elif (peers := statistics.median(link.peers for link in fetching)) <= 0:
-        # Nothing to compare S3 with: before peers gave anything (seeders make every
-        # piece held at once, long before a node has received from them) or while
-        # every node reads S3 alone (ALL, peers idle by design)
+        # S3 fills a reader's link as far as anyone knows, and there is nothing to
+        # compare it with: before peers gave anything (seeders make every piece held
+        # at once), or while every node reads S3 alone (ALL, peers idle by design)
         return None
     elif s3_per_reader >= S3_AS_FAST * peers:
         origin = math.inf

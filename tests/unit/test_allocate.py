@@ -120,8 +120,13 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     book3 = CapacityBook()
     book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
     assert book3.allocation("ih", MBIT, readers=1, now=0.0) is None
-    book.update("n0", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=0.0, complete=False)
-    assert book.allocation("ih", 200 * MBIT, readers=6, now=0.5) is plan_all
+    for i in range(6):
+        book.update(f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=0.0, complete=False)
+    assert book.allocation("ih", 240 * MBIT, readers=6, now=1.5) is plan_all
+    # ...but when every node reading S3 saturates it (a reader gets a fifth of its link),
+    # the origin is the limit after all: no more ALL
+    plan = book.allocation("ih", 50 * MBIT, readers=6, now=3.0)
+    assert plan is not None and plan.mode is not Mode.ALL
     # recomputed at most once a second; departed nodes leave the book
     book2.forget([f"n{i}" for i in range(8)])
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=5.0) is None
