@@ -135,6 +135,8 @@ class TorrentState:
 
     info_hash: str
     handle: Any
+    count: int = 0
+    """The torrent's pieces."""
     finished: threading.Event = field(default_factory=threading.Event)
     """Set once every piece is held *and* flushed to disk (so another process may read it)."""
     finishing: bool = False
@@ -251,7 +253,7 @@ class TorrentSession:
                 if "already" not in str(error) or attempt == 39:
                     raise
                 time.sleep(0.05)
-        state = TorrentState(info_hash, handle)
+        state = TorrentState(info_hash, handle, count=manifest.layout.count)
         with self._lock:
             self.torrents[info_hash] = state
         return state
@@ -300,6 +302,16 @@ class TorrentSession:
         state.renamed = Future()
         state.handle.rename_file(0, name)
         return state.renamed.result(timeout)
+
+    def hold_back(self, info_hash: str, pieces: list[int], on: bool) -> None:
+        """Keep libtorrent from downloading ``pieces`` from peers (priority 0, which also
+        cancels requests in flight) while S3 brings them, or let it again (the default
+        priority, 4). Without it a node reading its direct share or WIDE pieces also got
+        many of them from peers: the mixed fleet bench pulled 4.4x the artifact from the
+        origin for a 2.5x share."""
+        if pieces:
+            priority = 0 if on else 4
+            self.torrents[info_hash].handle.prioritize_pieces([(i, priority) for i in pieces])
 
     def upload_only(self, info_hash: str, on: bool) -> None:
         """Stop (or resume) downloading from peers while still serving them: the S3
@@ -407,6 +419,10 @@ class TorrentSession:
             if state:
                 if isinstance(alert, lt.piece_finished_alert):
                     state.held.add(alert.piece_index)
+                    if len(state.held) >= state.count:
+                        # the last piece: also when it came with libtorrent's "finished"
+                        # already past (pieces held back from peers, see hold_back)
+                        self._finishing(state)
                 with self._lock:
                     future = state.pending.pop(alert.piece_index, None)
                 if future and not future.done():
@@ -424,7 +440,9 @@ class TorrentSession:
             return
         if isinstance(alert, lt.torrent_finished_alert):
             state = self._state_of(alert.handle)
-            if state:
+            # "finished" means every *wanted* piece: pieces held back from peers while S3
+            # brings them (priority 0) are not wanted, and not yet here
+            if state and (len(state.held) >= state.count or alert.handle.status().is_seeding):
                 self._finishing(state)
             return
         if isinstance(alert, lt.cache_flushed_alert):
