@@ -51,7 +51,7 @@ from swarm.lab.fleet import FleetConfig, FleetError, SystemResult, log, run_flee
 from swarm.lab.netlab import LabError
 from swarm.lab.s3 import MINIO_BIN
 from swarm.lab.scenarios import DEFAULTS, SCENARIOS, scenario
-from swarm.lab.systems import SYSTEMS
+from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS
 from swarm.pieces import parse_size
 
 
@@ -93,7 +93,7 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
                     total[k] = total.get(k, 0) + int(v)
             shares = ", ".join(f"{k} {v / (r.size * len(r.nodes)):.0%}" for k, v in total.items())
             lines.append(f"  swarm bytes by source (share of N*F): {shares}")
-    baselines = [r for r in results if r.system != "swarm"]
+    baselines = [r for r in results if not r.system.startswith("swarm")]
     if swarm is not None and baselines:
         best = min(baselines, key=lambda r: r.all_done)
         lines.append(f"  swarm / fastest baseline ({best.system}) = {swarm / best.all_done:.2f}")
@@ -150,7 +150,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         "at a quarter of its rates, so that on a small machine the network, not the CPU, "
         "limits every system (1)",
     )
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma list")
+    parser.add_argument(
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma list of {', '.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})",
+    )
     parser.add_argument("--s3", choices=("minio", "moto"), help="S3 server (minio if built)")
     parser.add_argument(
         "--timeout", type=float, help="seconds per system (60 + max(10 T*, 2 N F / u_s))"

@@ -65,6 +65,17 @@ class Swarm(System):
                 "--listen", host.ip, "--coordinator", fleet.coordinator.url, "--json"]  # fmt: skip
 
 
+class SwarmSolo(Swarm):
+    """``swarm fetch`` with no coordinator (down, or never configured): each node decides
+    alone (not in the default set; ``--systems swarm-solo``)."""
+
+    name = "swarm-solo"
+
+    def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
+        return [*SWARM, "fetch", fleet.artifact_name, str(dest_dir / fleet.artifact_name),
+                "--listen", host.ip, "--json"]  # fmt: skip
+
+
 class Libtorrent(System):
     """Stock libtorrent 2.1 (:mod:`swarm.lab.baseline_libtorrent`) with the published
     .torrent (S3 object as web seed) and the coordinator as tracker; seeds after."""
@@ -118,8 +129,13 @@ class S5cmd(System):
                 str(dest_dir / fleet.artifact_name)]  # fmt: skip
 
 
-SYSTEMS: dict[str, type[System]] = {s.name: s for s in (Swarm, Libtorrent, Aria2c, S5cmd)}
-"""Every system by name, in the bench's default order."""
+SYSTEMS: dict[str, type[System]] = {
+    s.name: s for s in (Swarm, Libtorrent, Aria2c, S5cmd, SwarmSolo)
+}
+"""Every system by name."""
+
+DEFAULT_SYSTEMS: tuple[str, ...] = ("swarm", "libtorrent", "aria2c", "s5cmd")
+"""What the bench runs unless told (swarm against every baseline)."""
 
 
 def system(name: str) -> System:
