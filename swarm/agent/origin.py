@@ -97,17 +97,12 @@ def read_origin(
         # learns of those pieces when the verified file is handed to it.
         target: PieceSink = artifact.direct if artifact.direct is not None else sink
         config = S3SourceConfig(*shapes[batch.kind])
-        # what S3 brings, peers need not: libtorrent leaves these pieces alone meanwhile
-        # (under ALL it downloads nothing at all, see upload_only)
-        held_back = batch.pieces if batch.kind is not BatchKind.ALL and not s3_only else []
-        session.hold_back(manifest.info_hash, held_back, True)
-        try:
-            S3Source(client, manifest, target, artifact.cancel, config, on_retry=on_retry).fetch(
-                batch.pieces
-            )
-        finally:
-            with contextlib.suppress(KeyError, RuntimeError):
-                session.hold_back(manifest.info_hash, held_back, False)
+        # (Holding the batch's pieces back from peers with priority 0 saved the mixed
+        # fleet's duplicate downloads, but one node in three of the swarm-bound bench
+        # then hashed its file before every byte was in it: not done until understood.)
+        S3Source(client, manifest, target, artifact.cancel, config, on_retry=on_retry).fetch(
+            batch.pieces
+        )
 
     batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
     local = LocalOriginPolicy(stripe_offset(node_id, manifest.layout.count))

@@ -303,16 +303,6 @@ class TorrentSession:
         state.handle.rename_file(0, name)
         return state.renamed.result(timeout)
 
-    def hold_back(self, info_hash: str, pieces: list[int], on: bool) -> None:
-        """Keep libtorrent from downloading ``pieces`` from peers (priority 0, which also
-        cancels requests in flight) while S3 brings them, or let it again (the default
-        priority, 4). Without it a node reading its direct share or WIDE pieces also got
-        many of them from peers: the mixed fleet bench pulled 4.4x the artifact from the
-        origin for a 2.5x share."""
-        if pieces:
-            priority = 0 if on else 4
-            self.torrents[info_hash].handle.prioritize_pieces([(i, priority) for i in pieces])
-
     def upload_only(self, info_hash: str, on: bool) -> None:
         """Stop (or resume) downloading from peers while still serving them: the S3
         reader takes every missing piece itself (a coordinator's ALL plan), and a peer's
@@ -421,7 +411,7 @@ class TorrentSession:
                     state.held.add(alert.piece_index)
                     if len(state.held) >= state.count:
                         # the last piece: also when it came with libtorrent's "finished"
-                        # already past (pieces held back from peers, see hold_back)
+                        # already past (pieces S3 wrote while libtorrent did not want them)
                         self._finishing(state)
                 with self._lock:
                     future = state.pending.pop(alert.piece_index, None)
@@ -440,8 +430,8 @@ class TorrentSession:
             return
         if isinstance(alert, lt.torrent_finished_alert):
             state = self._state_of(alert.handle)
-            # "finished" means every *wanted* piece: pieces held back from peers while S3
-            # brings them (priority 0) are not wanted, and not yet here
+            # "finished" means every *wanted* piece (a piece of priority 0 is not):
+            # complete only once every piece is held
             if state and (len(state.held) >= state.count or alert.handle.status().is_seeding):
                 self._finishing(state)
             return
