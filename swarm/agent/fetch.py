@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from swarm import catalog
 from swarm.agent.destlock import DestLock
@@ -48,6 +48,18 @@ class FetchResult:
     already_present: bool = False
     retries: int = 0
     hash_failures: int = 0
+
+    @classmethod
+    def of(cls, manifest: Manifest, dest: Path, started: float, **extra: Any) -> FetchResult:
+        """The result for ``manifest`` at ``dest``, timed from ``started`` (monotonic)."""
+        return cls(
+            manifest.name,
+            str(dest),
+            manifest.size,
+            manifest.sha256,
+            round(time.monotonic() - started, 3),
+            **extra,
+        )
 
 
 def dest_already_matches(dest: Path, manifest: Manifest) -> bool:
@@ -156,14 +168,7 @@ def _fetch_locked(
 ) -> FetchResult:
 
     def result(**extra: object) -> FetchResult:
-        return FetchResult(
-            manifest.name,
-            str(dest),
-            manifest.size,
-            manifest.sha256,
-            round(time.monotonic() - started, 3),
-            **extra,  # type: ignore[arg-type]
-        )
+        return FetchResult.of(manifest, dest, started, **extra)
 
     if manifest.files is not None:
         from swarm.agent.treefs import fetch_tree

@@ -365,14 +365,7 @@ def fetch_tree(
     from swarm.sources.s3 import S3Source
 
     def result(**extra: Any) -> FetchResult:
-        return FetchResult(
-            manifest.name,
-            str(dest),
-            manifest.size,
-            manifest.sha256,
-            round(time.monotonic() - started, 3),
-            **extra,
-        )
+        return FetchResult.of(manifest, dest, started, **extra)
 
     check_tree_dest(dest)
     if tree_matches(dest, manifest):
