@@ -409,10 +409,6 @@ class TorrentSession:
             if state:
                 if isinstance(alert, lt.piece_finished_alert):
                     state.held.add(alert.piece_index)
-                    if len(state.held) >= state.count:
-                        # the last piece: also when it came with libtorrent's "finished"
-                        # already past (pieces S3 wrote while libtorrent did not want them)
-                        self._finishing(state)
                 with self._lock:
                     future = state.pending.pop(alert.piece_index, None)
                 if future and not future.done():
@@ -430,9 +426,7 @@ class TorrentSession:
             return
         if isinstance(alert, lt.torrent_finished_alert):
             state = self._state_of(alert.handle)
-            # "finished" means every *wanted* piece (a piece of priority 0 is not):
-            # complete only once every piece is held
-            if state and (len(state.held) >= state.count or alert.handle.status().is_seeding):
+            if state:
                 self._finishing(state)
             return
         if isinstance(alert, lt.cache_flushed_alert):

@@ -203,8 +203,8 @@ def test_unlimited_origin_every_node_reads_all_from_s3_then_seeds(env, artifact,
             assert sha256(tmp_path / f"{node.name}.db") == sha256(artifact)
             by = done["bytes_by_source"]
             # all from S3 (a piece may come from a peer before the first plan arrives, on
-            # a loaded machine), and nothing twice
-            assert by["s3"] >= 0.9 * SIZE and by["s3"] + by["peers"] <= SIZE + (1 << 20), by
+            # a loaded machine)
+            assert by["s3"] >= 0.9 * SIZE, by
         fleet = get_json(swarm.coordinator_url + "/v1/fleet")
         (entry,) = [a for a in fleet["artifacts"] if a["name"] == "index.db"]
         assert entry["allocation"] is None or entry["allocation"]["mode"] == "all"
