@@ -161,18 +161,19 @@ def read_origin(
             if not batch.pieces:
                 artifact.plan_updated.wait(0.25)
                 continue
+            if plan is not None and not s3_only:
+                # the coordinator's ALL: S3 feeds this node at link speed; peers only take
+                # from it (they get what libtorrent holds), and nothing comes twice. Set
+                # before waiting on libtorrent's check below, which can take a while.
+                all_from_s3 = batch.kind is BatchKind.ALL
+                if all_from_s3 != upload_only:
+                    session.upload_only(manifest.info_hash, all_from_s3)
+                    upload_only = all_from_s3
             if batch.kind is BatchKind.ALL and artifact.direct is None and not manifest.is_tree:
                 if status is None or status.state in CHECKING:
                     state.finished.wait(0.05)  # libtorrent is still looking at the file
                     continue
                 artifact.direct = DirectSink(sink, artifact.data_path)
-            if plan is not None and not s3_only:
-                # the coordinator's ALL: S3 feeds this node at link speed; peers only take
-                # from it (they get what libtorrent holds), and nothing comes twice
-                all_from_s3 = batch.kind is BatchKind.ALL
-                if all_from_s3 != upload_only:
-                    session.upload_only(manifest.info_hash, all_from_s3)
-                    upload_only = all_from_s3
             read(batch)
             artifact.direct_pieces += batch.direct
             if plan is not None and batch.kind is not BatchKind.FILL:

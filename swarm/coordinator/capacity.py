@@ -44,6 +44,15 @@ S3_AS_FAST: Final = 1.0
 """S3 counts as unlimited while a reader gets at least this multiple of what the swarm
 gives a node (medians)."""
 
+PEERS_WARMUP: Final = 2.0
+"""Seconds of peer traffic before the book allocates. In the first seconds of a
+scale-out the rates are still ramping up (EMAs of one or two reports), a reader's
+download peak is its S3 rate (the only thing it has received), and peers have little to
+give: an origin at 100 Mbit for 4 nodes looked "as fast as the link and the swarm" (ALL:
+every node read the whole object) or, a second later, as having spare capacity (MIX:
+half of every node's bytes read again). Being wrong that way costs up to N reads of the
+object; waiting costs two seconds of stripes, which read distinct pieces at full width."""
+
 
 @dataclass
 class _Link:
@@ -62,6 +71,8 @@ class _Artifact:
     allocation: Allocation | None = None
     bound: float = 0.0
     at: float = -math.inf
+    peers_since: float | None = None
+    """When a fetching node was first seen receiving from peers."""
 
 
 class CapacityBook:
@@ -104,6 +115,8 @@ class CapacityBook:
         if now - art.at < SNAPSHOT_PERIOD:
             return art.allocation
         art.at = now
+        if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
+            art.peers_since = now
         snap = snapshot(
             art.size,
             art.links.values(),
@@ -111,6 +124,7 @@ class CapacityBook:
             s3_per_reader,
             readers,
             self.origin_rate,
+            swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
         )
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             art.allocation, art.bound = allocate(snap), bound(snap)
@@ -148,9 +162,13 @@ def snapshot(
     s3_per_reader: float | None,
     readers: int,
     origin_rate: float | None = None,
+    swarm_shown: bool = True,
 ) -> Snapshot | None:
+    """The snapshot to allocate from, or None while the rates cannot tell yet.
+    ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
+    something)."""
     fetching = [link for link in links if link.down > 0]
-    if not fetching:
+    if not fetching or not swarm_shown:
         return None
     down = statistics.median(link.down for link in fetching)
     up = statistics.fmean(max(link.up, link.down) for link in fetching)
@@ -163,8 +181,8 @@ def snapshot(
         origin = s3_per_reader * max(1, readers)
     elif (peers := statistics.median(link.peers for link in fetching)) <= 0:
         # S3 fills a reader's link as far as anyone knows, and there is nothing to
-        # compare it with: before peers gave anything (seeders make every piece held
-        # at once), or while every node reads S3 alone (ALL, peers idle by design)
+        # compare it with: peers give nothing now (seeders hold every piece, or every
+        # node reads S3 alone: ALL, peers idle by design)
         return None
     elif s3_per_reader >= S3_AS_FAST * peers:
         origin = math.inf

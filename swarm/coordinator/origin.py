@@ -650,6 +650,12 @@ class StripePlanner:
                 mode = Mode.ALL
             elif allocation is not None and mode is Mode.STRIPE:
                 direct = allocation.direct
+            if allocation is None or allocation.mode is AllocationMode.STRIPE:
+                # Fill reads only where the allocation found S3 capacity beyond the
+                # stripes: where the origin is the bottleneck, or before the rates can
+                # tell, a fill takes the stripes' bandwidth for a piece peers already
+                # hold (CI's origin-bound fleet: 0.3 F of the origin's bytes went so)
+                fill = False
         return OriginPlan(done.stripe, mode, estimate, fill, rates, direct)
 
     def prune(self, alive: set[str]) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
-from swarm.coordinator.capacity import CapacityBook
+from swarm.coordinator.capacity import PEERS_WARMUP, CapacityBook
 from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
@@ -91,8 +91,11 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
         book.update(
             f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=80 * MBIT, complete=False
         )
-    # S3 gives each reader more than peers give a node: S3 is not the limit
-    plan_all = book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
+    # S3 gives each reader more than peers give a node: S3 is not the limit, once the
+    # swarm had PEERS_WARMUP seconds to show its rate (before, a reader's peak is its
+    # S3 rate and peers have little to give, in every shape)
+    assert book.allocation("ih", 200 * MBIT, readers=6, now=0.0) is None
+    plan_all = book.allocation("ih", 200 * MBIT, readers=6, now=PEERS_WARMUP)
     assert plan_all is not None and plan_all.mode is Mode.ALL
     # peers give a node 10x what S3 gives a reader: the origin is the bottleneck, so
     # each piece leaves it once
@@ -107,7 +110,8 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
             peers=180 * MBIT,
             complete=False,
         )
-    plan = book2.allocation("ih", 12 * MBIT, readers=8, now=0.0)
+    assert book2.allocation("ih", 12 * MBIT, readers=8, now=0.0) is None  # warming up
+    plan = book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP)
     assert plan is not None and plan.mode is Mode.STRIPE
     assert book2.describe("ih") == {
         "mode": "stripe",
@@ -119,14 +123,14 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     # no allocation; once there was one, it stands while peers are idle (ALL)
     book3 = CapacityBook()
     book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
-    assert book3.allocation("ih", MBIT, readers=1, now=0.0) is None
+    assert book3.allocation("ih", MBIT, readers=1, now=5 * PEERS_WARMUP) is None
     for i in range(6):
         book.update(f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=0.0, complete=False)
-    assert book.allocation("ih", 240 * MBIT, readers=6, now=1.5) is plan_all
+    assert book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP + 1.5) is plan_all
     # ...but when every node reading S3 saturates it (a reader gets a fifth of its link),
     # the origin is the limit after all: no more ALL
-    plan = book.allocation("ih", 50 * MBIT, readers=6, now=3.0)
+    plan = book.allocation("ih", 50 * MBIT, readers=6, now=PEERS_WARMUP + 3.0)
     assert plan is not None and plan.mode is not Mode.ALL
     # recomputed at most once a second; departed nodes leave the book
     book2.forget([f"n{i}" for i in range(8)])
-    assert book2.allocation("ih", 12 * MBIT, readers=8, now=5.0) is None
+    assert book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP + 5.0) is None

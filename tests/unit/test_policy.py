@@ -13,6 +13,7 @@ from swarm.agent.hybrid import (
     origin_pieces,
     wide_pieces,
 )
+from swarm.coordinator.capacity import PEERS_WARMUP
 from swarm.coordinator.origin import StripePlanner, bits
 from swarm.policy import (
     HOLD_SECONDS,
@@ -157,21 +158,47 @@ def test_local_policy_choices():
 
 
 def test_s3_at_link_speed_means_all_once_the_stripes_are_spread():
-    """Once every piece has left the origin, a node that S3 served at the best rate it
-    has shown (its link, as far as anyone knows) reads the rest from S3 too (ALL), at
-    once: S3 feeds it as fast as anything could, and peers need not ramp up. The last
-    per-reader S3 rate is remembered though nobody reads the origin any more."""
+    """Once every piece has left the origin (or is on its way) and peers have had
+    PEERS_WARMUP seconds to show their rate, nodes that S3 serves at the best rate they
+    have shown (their links, as far as anyone knows), more than peers give them, read
+    the rest from S3 too (ALL): S3 feeds them as fast as anything could."""
     planner = StripePlanner(stripe_bytes=32 * MiB)
-    low, high = (1 << 32) - 1, ((1 << 32) - 1) << 32
     _plan(planner, "a", now=0.0)
     _plan(planner, "b", now=0.0)
-    # a and b read their 32 MiB stripes in a second, then hold everything between them
-    # (peers gave each a little: S3 is far the faster source)
-    a = _plan(planner, "a", held=low, now=1.0, s3=32 * MiB, peers=2 * MiB)
-    b = _plan(planner, "b", held=high, now=1.0, s3=32 * MiB, peers=2 * MiB)
-    assert a.stripe == [] and b.stripe == [] and b.s3_estimate
-    assert a.mode is Mode.ALL and b.mode is Mode.ALL
-    assert _plan(planner, "b", held=high, now=2.0, s3=32 * MiB, peers=2 * MiB).mode is Mode.ALL
+    # a and b read their 32 MiB stripes at 8 MiB/s (the whole object is striped);
+    # peers give each 1 MiB/s: S3 is far the faster source
+    for t in range(1, 4):
+        got = (1 << (8 * t)) - 1  # the first 8 t pieces of each stripe
+        a = _plan(planner, "a", held=got, now=t, s3=8 * MiB * t, peers=MiB * t)
+        b = _plan(planner, "b", held=got << 32, now=t, s3=8 * MiB * t, peers=MiB * t)
+        if t < 1 + PEERS_WARMUP:  # peers have just started: their rate says nothing yet
+            assert a.mode is not Mode.ALL and b.mode is not Mode.ALL, t
+    assert a.mode is Mode.ALL and b.mode is Mode.ALL and b.s3_estimate
+
+
+def test_origin_bound_start_neither_reads_all_nor_fills():
+    """CI saw the origin send 1.8 x F to 4 nodes behind a 100 Mbit origin: the first two
+    nodes took the 16 MiB object as their stripes and read it at 6 MiB/s each, a rate
+    that was all they had received, so S3 looked as fast as their links (ALL), and the
+    two late nodes, with nothing from peers yet, filled from S3."""
+    planner = StripePlanner(stripe_bytes=8 * MiB)
+    for node in "abcd":
+        _plan(planner, node, count=16, now=0.0)
+    a = _plan(planner, "a", count=16, held=0xFF, now=1.3, s3=8 * MiB, peers=MiB)
+    b = _plan(planner, "b", count=16, held=0xFF00, now=1.3, s3=8 * MiB, peers=MiB)
+    c = _plan(planner, "c", count=16, now=1.3)
+    d = _plan(planner, "d", count=16, now=1.3)
+    assert Mode.ALL not in {a.mode, b.mode, c.mode, d.mode}
+    # peers then relay at a node's link, 3x what S3 gives a reader: the origin is the
+    # limit, and nobody fills from it
+    for t in (2.3, 3.3, 4.3):
+        i = t - 1.3
+        for node, held in (("a", 0xFF), ("b", 0xFF00), ("c", 0xF), ("d", 0xF0)):
+            plan = _plan(
+                planner, node, count=16, held=held, now=t, s3=int(8 * MiB + i * 6 * MiB),
+                peers=int(i * 20 * MiB),
+            )  # fmt: skip
+            assert plan.mode is not Mode.ALL and not plan.fill, (t, node)
 
 
 def test_default_stripes_share_the_object_among_a_scale_out():
@@ -183,16 +210,25 @@ def test_default_stripes_share_the_object_among_a_scale_out():
     assert sum(len(p.stripe) for p in plans) <= 64
 
 
-def test_fill_once_every_piece_has_left_the_origin_and_s3_is_worth_it():
+def test_fill_once_every_piece_has_left_the_origin_and_s3_has_room():
+    """A node with no stripe left may fill from S3 (one rare piece at a time) once the
+    allocation found S3 capacity beyond the stripes (MIX): the origin gives more than a
+    node's link can take, the swarm less than twice what S3 gives a reader."""
     planner = StripePlanner(stripe_bytes=32 * MiB)
-    a = _plan(planner, "a", now=0.0)
-    b = _plan(planner, "b", now=0.0)
-    assert not a.fill  # half the object was nobody's yet
-    # a read its half at 32 MiB/s and its peers give it nothing: once nothing is left to
-    # stripe (b still reads the other half), a may fill from S3
-    a2 = _plan(planner, "a", held=(1 << 32) - 1, now=1.0, s3=32 * MiB)
-    assert a2.fill and set(b.stripe) == set(range(32, 64))
-    # the same node when its peers give it far more than S3 gave a reader: no fill
+    _plan(planner, "a", now=0.0)
+    _plan(planner, "b", now=0.0)
+    c = _plan(planner, "c", now=0.0)
+    assert not c.fill and not c.stripe  # a and b read the whole object
+    for t in range(1, 5):
+        # a and b read their stripes at 8 MiB/s and swap pieces at 4; c gets 12 from peers
+        got = (1 << (6 * t)) - 1
+        _plan(planner, "a", held=got, now=t, s3=8 * MiB * t, peers=4 * MiB * t)
+        _plan(planner, "b", held=got << 32, now=t, s3=8 * MiB * t, peers=4 * MiB * t)
+        c = _plan(planner, "c", held=got | got << 32, now=t, peers=12 * MiB * t)
+        if t < 1 + PEERS_WARMUP:
+            assert not c.fill, t  # the rates cannot tell yet: stripes only
+    assert c.fill and c.direct > 0
+    # the same node when its peers give it far more than S3 gives a reader: no fill
     planner2 = StripePlanner(stripe_bytes=32 * MiB)
     _plan(planner2, "a", now=0.0)
     _plan(planner2, "b", now=0.0)
