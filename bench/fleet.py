@@ -143,6 +143,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     parser.add_argument("--seeders", type=int, help="pre-existing complete instances k (0)")
     parser.add_argument("--seeder-up", type=float, help="a seeder's upload, Mbit/s (node-up)")
     parser.add_argument(
+        "--far-rtt-ms",
+        type=float,
+        help="put the new nodes in another region, this RTT from the origin and seeders (0)",
+    )
+    parser.add_argument(
+        "--far-loss", type=float, help="loss each way between the regions, 0..1 (0)"
+    )
+    parser.add_argument(
         "--rate-scale",
         type=float,
         default=1.0,

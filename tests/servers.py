@@ -99,7 +99,9 @@ S3_ERRORS = {
 class FaultProxy:
     """A forwarding HTTP proxy that injects S3-style faults into real traffic."""
 
-    def __init__(self, upstream: str, faults: Faults | None = None) -> None:
+    def __init__(
+        self, upstream: str, faults: Faults | None = None, bind: tuple[str, int] = ("127.0.0.1", 0)
+    ) -> None:
         self.upstream = upstream.removeprefix("http://")
         self.faults = faults or Faults()
         proxy = self
@@ -115,9 +117,9 @@ class FaultProxy:
 
             do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(bind, Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{bind[0]}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> FaultProxy:

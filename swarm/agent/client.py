@@ -139,7 +139,9 @@ def ensure_daemon(
     if client.alive():
         return client
     home.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "swarm", "daemon"]
+    # -v: daemon.log says what the daemon chose (its UDP server, UDP on or off), not only
+    # what went wrong
+    args = [sys.executable, "-m", "swarm", "-v", "daemon"]
     if listen:
         args += ["--listen", listen]
     if coordinator:

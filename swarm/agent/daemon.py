@@ -52,6 +52,7 @@ from swarm.agent.reporter import report_loop
 from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
 from swarm.agent.supervisor import SourceTask
+from swarm.agent.udpauto import auto_udp
 from swarm.agent.udpsource import read_udp
 from swarm.config import Settings, coordinator_urls
 from swarm.errors import IntegrityError, NoSpaceError, SwarmError, UsageError
@@ -64,6 +65,10 @@ from swarm.udp import DEFAULT_PORT as UDP_PORT
 from swarm.udp import MIN_SECRET_LEN, UdpServer
 
 log = logging.getLogger(__name__)
+
+AUTO_UDP = "udp-auto"
+"""The task name of the automatic UDP source (:mod:`.udpauto`), beside ``s3`` and
+``udp://HOST:PORT``."""
 
 WATCH_INTERVAL = 2.0
 """Seconds between checks that every seeded file is still the one verified."""
@@ -131,6 +136,9 @@ class Daemon:
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
+        self.udp_port = 0
+        """The port this node's UDP server listens on (0: none), taken to be every
+        holder's too (a fleet-wide setting) by the automatic UDP source."""
         """With a fleet secret: required on the local API, sent to the coordinator, and
         peers are admitted only if the coordinator lists them as members."""
         self.coordinators = coordinator_urls(settings.coordinator)
@@ -299,6 +307,9 @@ class Daemon:
         if not artifact.sink.complete():
             for name in sorted(sources - {"peers"}):
                 self._start_source(artifact, name)
+            forced_udp = any(s.startswith("udp://") for s in artifact.sources)
+            if "peers" in artifact.sources and self.udp_port and not forced_udp:
+                self._start_source(artifact, AUTO_UDP)
         self._start_finishing(artifact)
         return artifact
 
@@ -335,6 +346,15 @@ class Daemon:
 
             def progress() -> int:
                 return artifact.sink.bytes_by_source.get("s3", 0)
+        elif name == AUTO_UDP:
+            assert self.udp_secret is not None
+            udp_port, key = self.udp_port, self.udp_secret
+
+            def body() -> None:
+                auto_udp(self.session, artifact, self.node_id, self.listen_ip, udp_port, key)
+
+            def progress() -> int:
+                return artifact.sink.bytes_by_source.get("udp", 0)
         else:
             host, port = parse_udp_source(name)
             secret = self.udp_secret
@@ -723,6 +743,7 @@ async def serve(
             daemon.udp_secret, HeldArtifacts(daemon), host=listen_ip, port=udp_port
         )
         await udp_server.start()
+        daemon.udp_port = udp_port
         log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
     if on_ready:
         tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]

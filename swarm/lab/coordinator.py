@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from swarm.fleetauth import fleet_token
 from swarm.lab.hosts import LabHost
 from swarm.lab.procs import KILL_GRACE, kill_group, signal_group
 from swarm.lab.s3 import SWARM
@@ -37,7 +38,11 @@ class Coordinator:
         self.port = port
         self.db = db
         self.url = f"http://{host.ip}:{port}"
-        self.tracker_url = self.url + "/announce"
+        secret = env.get("SWARM_SECRET")
+        self.token = fleet_token(secret) if secret else None
+        """The fleet token its API and tracker require (a fleet with a secret)."""
+        # the baselines announce to the same tracker: with the token, as daemons do
+        self.tracker_url = self.url + "/announce" + (f"?token={self.token}" if self.token else "")
         self.process: subprocess.Popen[Any] | None = None
 
     def start(self, wait: bool = True) -> subprocess.Popen[Any]:

@@ -45,6 +45,7 @@ from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
 from swarm.lab.procs import cpu_seconds
 from swarm.lab.s3 import S3Error, S3Server, publish
 from swarm.lab.systems import SEEDER_TIMEOUT, System, system
+from swarm.lab.wan import Shape, Wan, split_regions
 from swarm.pieces import file_sha256, write_random_file
 
 S3_PORT = 9000
@@ -54,6 +55,7 @@ NAME = "artifact.bin"
 CATALOG = f"s3://{BUCKET}/catalog/"
 ACCESS_KEY = "swarmfleet"
 SECRET_KEY = "swarmfleet-secret"
+FLEET_SECRET = "swarm-lab-fleet-secret-0123456789"
 CPU_SAMPLE = 1.0
 """Seconds between /proc/stat samples; a sample >= 95% busy counts as saturated."""
 
@@ -72,11 +74,13 @@ with urllib.request.urlopen(req, timeout=10) as reply:
 
 TRACE_FLEET = """\
 import json, sys, time, urllib.request
-url, out = sys.argv[1], open(sys.argv[2], "a")
+url, out, token = sys.argv[1], open(sys.argv[2], "a"), sys.argv[3]
+headers = {"Authorization": "Bearer " + token} if token else {}
 for _ in range(7200):  # at most an hour at 2 Hz; killed when the run ends
     t = time.time()
     try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=2) as reply:
             out.write(json.dumps({"t": t, "fleet": json.load(reply)}) + "\\n")
             out.flush()
     except OSError:
@@ -115,6 +119,15 @@ class FleetConfig:
     system_timeout: float | None = None
     """Seconds one system may take; None = see :meth:`timeout`."""
     scenario: str | None = None
+    far_rtt_ms: float = 0.0
+    """The new nodes are in another region: this RTT to the origin and seeders (0 with
+    ``far_loss`` 0: one region). Links among the nodes stay as they are."""
+    far_loss: float = 0.0
+    """Loss each way between the regions (0..1)."""
+
+    @property
+    def far(self) -> bool:
+        return self.far_rtt_ms > 0 or self.far_loss > 0
 
     def __post_init__(self) -> None:
         for name in ("origin_up", "origin_down", "node_up", "node_down"):
@@ -407,6 +420,15 @@ class Fleet:
         self.node_hosts = [
             lab.host(f"node{i}", config.node_up, config.node_down) for i in range(config.nodes)
         ]
+        self.node_env: dict[str, str] = {}
+        """Environment the new nodes get on top of the fleet's (e.g. another S3 endpoint)."""
+        self.wan: Wan | None = None
+        if config.far:
+            # the new nodes in another region: every packet between them and the origin or
+            # the seeders crosses the emulated WAN (their own links still apply)
+            self.wan = split_regions(
+                lab, far=self.node_hosts, shape=Shape.path(config.far_rtt_ms, config.far_loss)
+            )
         self.tracer: subprocess.Popen[Any] | None = None
         self.sha256 = ""
         self.torrent = work / "artifact.torrent"
@@ -423,6 +445,9 @@ class Fleet:
             "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
             "SWARM_CATALOG": CATALOG,
             "SWARM_CONFIG": str(work / "no-swarm.toml"),
+            # a fleet's secret, as in production: authenticated reports, signed manifests,
+            # and each daemon's UDP server (what far nodes pull from when TCP is slow)
+            "SWARM_SECRET": FLEET_SECRET,
         }
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
         self.coordinator = Coordinator(self.origin, self.env, work / "coordinator.log")
@@ -477,7 +502,7 @@ class Fleet:
                 trace = root / "fleet-trace.jsonl"  # the coordinator's view, for --keep
                 self.tracer = self.origin.popen(
                     [sys.executable, "-c", TRACE_FLEET, self.coordinator.url + "/v1/fleet",
-                     str(trace)], env=self.env)  # fmt: skip
+                     str(trace), self.coordinator.token or ""], env=self.env)  # fmt: skip
             started = time.monotonic()
             origin_before = self.origin.tx_bytes()
             with CpuSampler() as cpu:
@@ -485,7 +510,7 @@ class Fleet:
                     node_dir = root / host.name
                     dest = node_dir / "dest"
                     dest.mkdir(parents=True)
-                    env = {**self.env, "SWARM_HOME": str(node_dir / "home")}
+                    env = {**self.env, **self.node_env, "SWARM_HOME": str(node_dir / "home")}
                     jobs.append(
                         Job(
                             host.name,

@@ -20,6 +20,8 @@ DEFAULTS: dict[str, Any] = {
     "node_down": 200,
     "seeders": 0,
     "seeder_up": None,  # = node_up
+    "far_rtt_ms": 0.0,  # > 0 (or far_loss > 0): the new nodes are in another region
+    "far_loss": 0.0,
 }
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -37,6 +39,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "node_down": 200,
         "seeders": 2,
         "seeder_up": 200,
+    },
+    # Issue 13: S3 and two seeders in one region, four new nodes in another, 100 ms of
+    # RTT and 0.5% loss away (one CUBIC flow gets ~2 Mbit/s there); fast among themselves.
+    "far-region": {
+        "nodes": 4,
+        "origin_up": 1000,
+        "node_up": 200,
+        "node_down": 200,
+        "seeders": 2,
+        "seeder_up": 200,
+        "far_rtt_ms": 100,
+        "far_loss": 0.005,
     },
 }
 

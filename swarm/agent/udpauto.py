@@ -1,0 +1,357 @@
+"""The daemon's automatic UDP source: pull missing pieces over UDP when TCP is slow.
+
+Where a node's TCP sources are far away (another region: 100 ms of RTT and a fraction of
+a percent of loss hold one CUBIC flow to a few Mbit/s), a holder's UDP server (every
+daemon with the fleet secret runs one, :mod:`swarm.udp`) carries the pieces at link
+rate. Nothing tells a node that it is far: it measures.
+
+- While the fetch would take :data:`WORTH_SECONDS` more at its TCP rate (peers and S3
+  together), it opens a UDP *session* with the best holder its libtorrent peers show (a
+  seed first, else the one holding most of what it lacks) for the pieces that holder
+  has, :data:`SESSION_SECONDS` of UDP's last rate at a time. A session is long because
+  each costs a few round trips (handshake, tail); batches of 4 MiB measured a fifth of
+  UDP's rate on a 100 ms path.
+- After :data:`PROBE_SECONDS`, a session goes on while UDP delivers :data:`UDP_BETTER`
+  times TCP's rate over the last :data:`RATE_WINDOW`; when it does not (TCP caught up,
+  or the holder is slow) it stops, and the next try waits twice as long as the last
+  (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
+- A session takes missing pieces that the holder has and libtorrent is not already
+  downloading, downwards from just below the node's stripe offset (S3 stripes go upwards
+  from it, libtorrent rarest first), so the sources meet late (a duplicate costs one
+  piece, which the sink drops) and the nodes of one region pull different pieces.
+
+The choice (:class:`UdpChoice`) is pure; :func:`auto_udp` moves the bytes. The holder's
+UDP port is taken to be this node's own (a fleet-wide setting, ``--udp-port``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import libtorrent as lt
+
+from swarm.agent.hybrid import stripe_offset
+from swarm.agent.origin import InFlight
+from swarm.agent.registry import Artifact
+from swarm.sources.peers import TorrentSession
+from swarm.udp import FetchStats, UdpAuthError, UdpError, fetch_pieces_sync
+
+log = logging.getLogger(__name__)
+
+SOURCE: Final = "udp"
+
+START_AFTER: Final = 3.0
+"""Seconds into a fetch before the first probe: TCP's slow start and the first piece
+exchanges need that long to show their rate."""
+
+WORTH_SECONDS: Final = 5.0
+"""Probe only while TCP would take at least this long for what is missing: a near fleet
+finishes first, and never sends a UDP datagram."""
+
+SESSION_BYTES: Final = 16 << 20
+"""Least bytes asked of a session."""
+
+SESSION_SECONDS: Final = 8.0
+"""A session asks for this many seconds of UDP's last rate (if more than
+:data:`SESSION_BYTES`), then the next one asks again from what is missing by then."""
+
+MAX_SESSION_BYTES: Final = 1 << 30
+
+PROBE_SECONDS: Final = 2.0
+"""A session is not judged before this: its handshake takes a few round trips, and its
+rate doubles per report from an eighth of the target (:mod:`swarm.udp.rate`)."""
+
+RATE_WINDOW: Final = 1.5
+"""Seconds over which UDP's and TCP's rates are compared while a session runs."""
+
+UDP_BETTER: Final = 2.0
+"""A UDP session goes on while it delivers at least this multiple of TCP's rate. Not 1:
+a byte over UDP costs both daemons more CPU than one over libtorrent (Python against
+C++), so on a near path where both fill the link TCP keeps it."""
+
+PROBE_BACKOFF: Final = 5.0
+PROBE_BACKOFF_CAP: Final = 60.0
+
+HOLDER_PENALTY: Final = 30.0
+"""Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""
+
+
+@dataclass
+class UdpChoice:
+    """When to pull over UDP, from the rates a node measures. Pure: ``now`` is passed in."""
+
+    started_at: float
+    next_try_at: float = 0.0
+    backoff: float = PROBE_BACKOFF
+    udp_rate: float = 0.0
+    """The last session's rate, bytes/s (sizes the next one)."""
+
+    def __post_init__(self) -> None:
+        self.next_try_at = self.started_at + START_AFTER
+
+    def session_bytes(self, now: float, tcp_rate: float, missing_bytes: int) -> int:
+        """Bytes to ask of a UDP session now; 0 to wait."""
+        if missing_bytes <= 0 or now < self.next_try_at:
+            return 0
+        if tcp_rate > 0 and missing_bytes / tcp_rate < WORTH_SECONDS:
+            return 0  # TCP finishes soon enough
+        want = max(SESSION_BYTES, int(self.udp_rate * SESSION_SECONDS))
+        return min(missing_bytes, MAX_SESSION_BYTES, want)
+
+    def keep(self, running_for: float, udp_rate: float, tcp_rate: float) -> bool:
+        """Whether a running session goes on (rates over the last :data:`RATE_WINDOW`)."""
+        return running_for < PROBE_SECONDS or udp_rate >= UDP_BETTER * tcp_rate
+
+    def ended(self, now: float, udp_rate: float, paid: bool) -> None:
+        """A session ended: it ran its course at ``udp_rate`` (``paid``: try again at
+        once), or lost to TCP or failed (try again later, less often)."""
+        self.udp_rate = udp_rate
+        if paid:
+            self.next_try_at, self.backoff = now, PROBE_BACKOFF
+            return
+        self.next_try_at = now + self.backoff
+        self.backoff = min(PROBE_BACKOFF_CAP, self.backoff * 2)
+
+
+@dataclass(frozen=True)
+class Holder:
+    ip: str
+    seed: bool
+    pieces: Sequence[bool]
+
+
+def holders_of(handle: Any, own_ip: str) -> list[Holder]:
+    """The torrent's connected peers that hold pieces, from libtorrent. Peers on this
+    node's address or on loopback are left out: daemons sharing an address (tests, one
+    host) serve UDP on ports of their own, and ``port`` would be this node's server."""
+    found = []
+    for peer in handle.get_peer_info():
+        ip = peer.ip[0]
+        if ip == own_ip or ipaddress.ip_address(ip).is_loopback:
+            continue
+        seed = bool(peer.flags & lt.peer_info.seed)
+        if seed or any(peer.pieces):
+            found.append(Holder(ip, seed, peer.pieces))
+    return found
+
+
+def best_holder(
+    holders: Sequence[Holder],
+    missing: Sequence[int],
+    skip: Callable[[str], bool],
+    tie: Callable[[str], int] = lambda ip: 0,
+) -> Holder | None:
+    """A seed first, else the holder with most of ``missing``; ``skip``: penalized ips;
+    ``tie`` orders equals (a hash with this node's id: far nodes spread over the seeds
+    instead of all pulling from the first)."""
+
+    def useful(h: Holder) -> int:
+        return sum(1 for i in missing if i < len(h.pieces) and h.pieces[i])
+
+    ranked = sorted(
+        (h for h in holders if not skip(h.ip)),
+        key=lambda h: (not h.seed, -useful(h), tie(h.ip), h.ip),
+    )
+    return next((h for h in ranked if h.seed or useful(h)), None)
+
+
+def batch_pieces(
+    missing: Sequence[int], holder: Holder, in_flight: set[int], count: int, start: int
+) -> list[int]:
+    """Up to ``count`` of ``missing`` that ``holder`` has, downwards from ``start`` (and
+    round from the top), those libtorrent is not downloading first. Nodes of one far
+    region start at different places (their stripe offsets), so each piece tends to
+    cross the WAN once and the rest travels between them. Pieces libtorrent is
+    downloading come last, yet they come: on a long path its request queue holds
+    nearly every missing piece (a deep queue for the bandwidth-delay product), and what
+    arrives second is dropped."""
+    below = [i for i in missing if i <= start]
+    above = [i for i in missing if i > start]
+    held = [
+        i
+        for i in itertools.chain(reversed(below), reversed(above))
+        if holder.seed or (i < len(holder.pieces) and holder.pieces[i])
+    ]
+    free = [i for i in held if i not in in_flight]
+    busy = [i for i in held if i in in_flight]
+    return (free + busy)[:count]
+
+
+def _node_hash(node_id: str, ip: str) -> int:
+    return int.from_bytes(hashlib.sha1(f"{node_id} {ip}".encode()).digest()[:4], "big")
+
+
+@dataclass
+class _Penalties:
+    until: dict[str, float] = field(default_factory=dict)
+
+    def skip(self, ip: str) -> bool:
+        return self.until.get(ip, 0.0) > time.monotonic()
+
+    def add(self, ip: str) -> None:
+        self.until[ip] = time.monotonic() + HOLDER_PENALTY
+
+
+def auto_udp(
+    session: TorrentSession,
+    artifact: Artifact,
+    node_id: str,
+    own_ip: str,
+    port: int,
+    secret: bytes,
+) -> None:
+    """Pull pieces over UDP while it beats TCP (see the module docstring). Returns when
+    the artifact is complete or cancelled."""
+    try:
+        _pull(session, artifact, node_id, own_ip, port, secret)
+    except (KeyError, RuntimeError):
+        # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a
+        # stale handle): expected as a directly-read file is handed over on completion
+        if not (artifact.complete_on_disk() or artifact.cancel.is_set()):
+            raise
+
+
+def _pull(
+    session: TorrentSession,
+    artifact: Artifact,
+    node_id: str,
+    own_ip: str,
+    port: int,
+    secret: bytes,
+) -> None:
+    manifest, sink = artifact.manifest, artifact.sink
+    state = session.torrents[manifest.info_hash]
+    handle = state.handle
+    in_flight = InFlight(handle)
+    choice = UdpChoice(time.monotonic())
+    count = manifest.layout.count
+    start = (stripe_offset(node_id, count) - 1) % count if count else 0
+    penalties = _Penalties()
+    window: list[tuple[float, int]] = []  # (time, TCP bytes): the last few seconds
+
+    def tcp_bytes() -> int:
+        by = sink.bytes_by_source
+        return by.get("peers", 0) + by.get("s3", 0)
+
+    while not artifact.complete_on_disk() and not artifact.cancel.is_set():
+        now = time.monotonic()
+        window.append((now, tcp_bytes()))
+        while len(window) > 2 and now - window[1][0] >= RATE_WINDOW:
+            window.pop(0)
+        seconds = now - window[0][0]
+        tcp_rate = (window[-1][1] - window[0][1]) / seconds if seconds > 0.5 else 0.0
+        missing = sink.missing()
+        want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
+        if not want:
+            artifact.cancel.wait(0.5)
+            continue
+        holder = best_holder(
+            holders_of(handle, own_ip), missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
+        )
+        pieces = (
+            batch_pieces(missing, holder, in_flight(), max(1, want // manifest.piece_size), start)
+            if holder is not None
+            else []
+        )
+        if holder is None or not pieces:
+            choice.ended(now, choice.udp_rate, paid=False)
+            continue
+        pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
+        udp_rate, paid = pull.run(choice)
+        if pull.error is not None:
+            log.info("udp from %s:%d failed: %s", holder.ip, port, pull.error)
+            penalties.add(holder.ip)
+        elif not paid:
+            log.info(
+                "udp from %s off: %.1f MB/s against TCP's %.1f MB/s",
+                holder.ip,
+                udp_rate / 1e6,
+                pull.tcp_rate / 1e6,
+            )
+        else:
+            log.info("udp from %s: %d pieces at %.1f MB/s", holder.ip, len(pieces), udp_rate / 1e6)
+        if pull.stats is not None:
+            st = pull.stats
+            log.info(
+                "udp session: %.2fs, sender %.0f Mbit/s, srtt %s, naks %d, dup %d, block %d",
+                st.seconds, st.sender_rate_bps / 1e6, st.srtt, st.naks, st.duplicates,
+                st.block_size,
+            )  # fmt: skip
+        choice.ended(time.monotonic(), udp_rate, paid)
+
+
+class _Session:
+    """One UDP fetch in a thread of its own, watched from the caller's: stopped when it
+    loses to TCP (:meth:`UdpChoice.keep`) or the artifact is cancelled."""
+
+    def __init__(
+        self,
+        artifact: Artifact,
+        ip: str,
+        port: int,
+        secret: bytes,
+        pieces: list[int],
+        tcp_bytes: Callable[[], int],
+    ) -> None:
+        self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
+        self.pieces = pieces
+        self.tcp_bytes = tcp_bytes
+        self.stop = threading.Event()
+        self.error: Exception | None = None
+        self.tcp_rate = 0.0
+        self.stats: FetchStats | None = None
+
+    def _fetch(self) -> None:
+        manifest, sink = self.artifact.manifest, self.artifact.sink
+        try:
+            self.stats = fetch_pieces_sync(
+                self.ip,
+                self.port,
+                self.secret,
+                manifest.info_hash,
+                self.pieces,
+                lambda index, data: sink.offer(index, data, SOURCE),
+                piece_size=manifest.piece_size,
+                piece_count=manifest.layout.count,
+                cancel=self.stop,
+            )
+        except (UdpError, UdpAuthError) as error:  # UdpAuthError: a fleet misconfigured
+            self.error = error
+
+    def run(self, choice: UdpChoice) -> tuple[float, bool]:
+        """Run it; (its UDP rate, whether it ran its course)."""
+        by = self.artifact.sink.bytes_by_source
+        started = time.monotonic()
+        udp_at_start = by.get(SOURCE, 0)
+        samples = deque([(started, udp_at_start, self.tcp_bytes())])
+        worker = threading.Thread(target=self._fetch, name="udp-auto-fetch", daemon=True)
+        worker.start()
+        lost = False
+        while worker.is_alive():
+            worker.join(0.25)
+            if self.artifact.cancel.is_set():
+                self.stop.set()
+                continue
+            now = time.monotonic()
+            samples.append((now, by.get(SOURCE, 0), self.tcp_bytes()))
+            while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW:
+                samples.popleft()
+            (t0, udp0, tcp0), (t1, udp1, tcp1) = samples[0], samples[-1]
+            if t1 - t0 < 0.5 or self.stop.is_set():
+                continue
+            udp_rate, self.tcp_rate = (udp1 - udp0) / (t1 - t0), (tcp1 - tcp0) / (t1 - t0)
+            if not choice.keep(now - started, udp_rate, self.tcp_rate):
+                lost = True
+                self.stop.set()
+        took = max(time.monotonic() - started, 1e-3)
+        rate = (by.get(SOURCE, 0) - udp_at_start) / took
+        return rate, not lost and self.error is None

@@ -1,0 +1,83 @@
+"""The automatic UDP source's choices (pure): when to probe, when to stay, what to pull."""
+
+from __future__ import annotations
+
+from swarm.agent.udpauto import (
+    PROBE_BACKOFF,
+    PROBE_SECONDS,
+    SESSION_BYTES,
+    SESSION_SECONDS,
+    START_AFTER,
+    Holder,
+    UdpChoice,
+    batch_pieces,
+    best_holder,
+)
+
+MiB = 1 << 20
+
+
+def test_a_near_fleet_never_tries_udp() -> None:
+    choice = UdpChoice(started_at=0.0)
+    assert choice.session_bytes(1.0, 0.0, 100 * MiB) == 0  # TCP still starting
+    # TCP at 25 MB/s finishes 100 MiB in 4 s: not worth a session
+    assert choice.session_bytes(START_AFTER, 25e6, 100 * MiB) == 0
+
+
+def test_slow_tcp_gets_a_session_that_goes_on_while_udp_is_faster() -> None:
+    choice = UdpChoice(started_at=0.0)
+    # TCP crawls at 0.5 MB/s (a far region): a session
+    assert choice.session_bytes(START_AFTER, 0.5e6, 100 * MiB) == SESSION_BYTES
+    assert choice.keep(PROBE_SECONDS / 2, udp_rate=0.0, tcp_rate=0.5e6)  # still starting
+    assert choice.keep(PROBE_SECONDS, udp_rate=20e6, tcp_rate=0.5e6)
+    # it ran its course at 20 MB/s: the next one at once, eight seconds of that rate
+    choice.ended(START_AFTER + 2, udp_rate=20e6, paid=True)
+    assert choice.session_bytes(START_AFTER + 2, 0.5e6, 1 << 30) == int(20e6 * SESSION_SECONDS)
+    # TCP caught up (the path healed): the session stops, the next try waits
+    assert not choice.keep(PROBE_SECONDS, udp_rate=20e6, tcp_rate=15e6)
+    choice.ended(START_AFTER + 10, udp_rate=20e6, paid=False)
+    assert choice.session_bytes(START_AFTER + 11, 0.5e6, 100 * MiB) == 0
+    assert choice.session_bytes(START_AFTER + 10 + PROBE_BACKOFF, 0.5e6, 100 * MiB) > 0
+
+
+def test_failed_tries_back_off_doubling() -> None:
+    choice = UdpChoice(started_at=0.0)
+    now = START_AFTER
+    waits = []
+    for _ in range(4):
+        assert choice.session_bytes(now, 0.0, 100 * MiB) > 0
+        choice.ended(now, udp_rate=0.0, paid=False)  # nobody answered
+        waits.append(choice.next_try_at - now)
+        now = choice.next_try_at
+    assert waits == [PROBE_BACKOFF, 2 * PROBE_BACKOFF, 4 * PROBE_BACKOFF, 8 * PROBE_BACKOFF]
+
+
+def test_sessions_go_down_from_the_start_through_what_the_holder_has() -> None:
+    half = Holder("10.0.0.2", seed=False, pieces=[True] * 5 + [False] * 5)
+    missing = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert batch_pieces(missing, half, in_flight={4}, count=3, start=9) == [3, 2, 1]
+    seed = Holder("10.0.0.3", seed=True, pieces=[True] * 10)
+    assert batch_pieces(missing, seed, in_flight={9}, count=2, start=9) == [8, 7]
+    # another node of the region starts elsewhere, and goes round from the top
+    assert batch_pieces(missing, seed, in_flight={9}, count=4, start=1) == [1, 0, 8, 7]
+    # what libtorrent is downloading comes last, yet it comes
+    assert batch_pieces(missing, half, in_flight={4, 3}, count=5, start=9) == [2, 1, 0, 4, 3]
+
+
+def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
+    a = Holder("10.0.0.2", seed=False, pieces=[True, True, False])
+    b = Holder("10.0.0.3", seed=False, pieces=[True, False, False])
+    s = Holder("10.0.0.4", seed=True, pieces=[True, True, True])
+    assert best_holder([a, b, s], [0, 1, 2], skip=lambda ip: False) == s
+    assert best_holder([a, b, s], [0, 1, 2], skip=lambda ip: ip == s.ip) == a
+    assert best_holder([b], [1, 2], skip=lambda ip: False) is None  # holds none of it
+
+
+def test_far_nodes_spread_over_equal_seeds() -> None:
+    seeds = [Holder(f"10.0.0.{i}", seed=True, pieces=[True] * 4) for i in (2, 3)]
+    picks = set()
+    for n in range(16):
+        pick = best_holder(seeds, [0, 1], lambda ip: False, lambda ip, n=n: hash((n, ip)) % 97)
+        assert pick is not None
+        picks.add(pick.ip)
+    assert picks == {"10.0.0.2", "10.0.0.3"}
