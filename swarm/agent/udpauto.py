@@ -212,81 +212,77 @@ def auto_udp(
     """Pull pieces over UDP while it beats TCP (see the module docstring). Returns when
     the artifact is complete or cancelled."""
     try:
-        _pull(session, artifact, node_id, own_ip, port, secret)
+        manifest, sink = artifact.manifest, artifact.sink
+        state = session.torrents[manifest.info_hash]
+        handle = state.handle
+        in_flight = InFlight(handle)
+        choice = UdpChoice(time.monotonic())
+        count = manifest.layout.count
+        start = (stripe_offset(node_id, count) - 1) % count if count else 0
+        penalties = _Penalties()
+        window: list[tuple[float, int]] = []  # (time, TCP bytes): the last few seconds
+
+        def tcp_bytes() -> int:
+            by = sink.bytes_by_source
+            return by.get("peers", 0) + by.get("s3", 0)
+
+        while not artifact.complete_on_disk() and not artifact.cancel.is_set():
+            now = time.monotonic()
+            window.append((now, tcp_bytes()))
+            while len(window) > 2 and now - window[1][0] >= RATE_WINDOW:
+                window.pop(0)
+            seconds = now - window[0][0]
+            tcp_rate = (window[-1][1] - window[0][1]) / seconds if seconds > 0.5 else 0.0
+            missing = sink.missing()
+            want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
+            if not want:
+                artifact.cancel.wait(0.5)
+                continue
+            holder = best_holder(
+                holders_of(handle, own_ip),
+                missing,
+                penalties.skip,
+                lambda ip: _node_hash(node_id, ip),
+            )
+            pieces = (
+                batch_pieces(
+                    missing, holder, in_flight(), max(1, want // manifest.piece_size), start
+                )
+                if holder is not None
+                else []
+            )
+            if holder is None or not pieces:
+                choice.ended(now, choice.udp_rate, paid=False)
+                continue
+            pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
+            udp_rate, paid = pull.run(choice)
+            if pull.error is not None:
+                log.info("udp from %s:%d failed: %s", holder.ip, port, pull.error)
+                penalties.add(holder.ip)
+            elif not paid:
+                log.info(
+                    "udp from %s off: %.1f MB/s against TCP's %.1f MB/s",
+                    holder.ip,
+                    udp_rate / 1e6,
+                    pull.tcp_rate / 1e6,
+                )
+            else:
+                log.info(
+                    "udp from %s: %d pieces at %.1f MB/s", holder.ip, len(pieces), udp_rate / 1e6
+                )
+            if pull.stats is not None:
+                st = pull.stats
+                log.info(
+                    "udp session: %.2fs, sender %.0f Mbit/s, srtt %s, naks %d, dup %d, block %d",
+                    st.seconds, st.sender_rate_bps / 1e6, st.srtt, st.naks, st.duplicates,
+                    st.block_size,
+                )  # fmt: skip
+            choice.ended(time.monotonic(), udp_rate, paid)
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a
         # stale handle): expected as a directly-read file is handed over on completion
         if not (artifact.complete_on_disk() or artifact.cancel.is_set()):
             raise
-
-
-def _pull(
-    session: TorrentSession,
-    artifact: Artifact,
-    node_id: str,
-    own_ip: str,
-    port: int,
-    secret: bytes,
-) -> None:
-    manifest, sink = artifact.manifest, artifact.sink
-    state = session.torrents[manifest.info_hash]
-    handle = state.handle
-    in_flight = InFlight(handle)
-    choice = UdpChoice(time.monotonic())
-    count = manifest.layout.count
-    start = (stripe_offset(node_id, count) - 1) % count if count else 0
-    penalties = _Penalties()
-    window: list[tuple[float, int]] = []  # (time, TCP bytes): the last few seconds
-
-    def tcp_bytes() -> int:
-        by = sink.bytes_by_source
-        return by.get("peers", 0) + by.get("s3", 0)
-
-    while not artifact.complete_on_disk() and not artifact.cancel.is_set():
-        now = time.monotonic()
-        window.append((now, tcp_bytes()))
-        while len(window) > 2 and now - window[1][0] >= RATE_WINDOW:
-            window.pop(0)
-        seconds = now - window[0][0]
-        tcp_rate = (window[-1][1] - window[0][1]) / seconds if seconds > 0.5 else 0.0
-        missing = sink.missing()
-        want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
-        if not want:
-            artifact.cancel.wait(0.5)
-            continue
-        holder = best_holder(
-            holders_of(handle, own_ip), missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
-        )
-        pieces = (
-            batch_pieces(missing, holder, in_flight(), max(1, want // manifest.piece_size), start)
-            if holder is not None
-            else []
-        )
-        if holder is None or not pieces:
-            choice.ended(now, choice.udp_rate, paid=False)
-            continue
-        pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
-        udp_rate, paid = pull.run(choice)
-        if pull.error is not None:
-            log.info("udp from %s:%d failed: %s", holder.ip, port, pull.error)
-            penalties.add(holder.ip)
-        elif not paid:
-            log.info(
-                "udp from %s off: %.1f MB/s against TCP's %.1f MB/s",
-                holder.ip,
-                udp_rate / 1e6,
-                pull.tcp_rate / 1e6,
-            )
-        else:
-            log.info("udp from %s: %d pieces at %.1f MB/s", holder.ip, len(pieces), udp_rate / 1e6)
-        if pull.stats is not None:
-            st = pull.stats
-            log.info(
-                "udp session: %.2fs, sender %.0f Mbit/s, srtt %s, naks %d, dup %d, block %d",
-                st.seconds, st.sender_rate_bps / 1e6, st.srtt, st.naks, st.duplicates,
-                st.block_size,
-            )  # fmt: skip
-        choice.ended(time.monotonic(), udp_rate, paid)
 
 
 class _Session:

@@ -19,6 +19,7 @@ import pytest
 
 from swarm.lab.fleet import Fleet, FleetConfig
 from swarm.lab.netlab import Lab, lab_unavailable
+from swarm.lab.scenarios import scenario
 
 pytestmark = pytest.mark.fleet
 
@@ -31,17 +32,10 @@ def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag() -> 
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
+    # the bench's far-region shape (S3 and two seeders near, 100 ms and 0.5% loss away),
+    # with one new node
     config = FleetConfig(
-        nodes=1,
-        size=SIZE,
-        piece_size=1 << 20,
-        origin_up=1000,
-        node_up=200,
-        node_down=200,
-        seeders=2,
-        seeder_up=200,
-        far_rtt_ms=100,
-        far_loss=0.005,
+        **scenario("far-region", nodes=1, size=SIZE),
         s3=os.environ.get("SWARM_FLEET_S3", "moto"),
         system_timeout=150,
         scenario="far-region",
