@@ -30,6 +30,7 @@ import hashlib
 import ipaddress
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -83,6 +84,13 @@ PROBE_BACKOFF_CAP: Final = 60.0
 
 HOLDER_PENALTY: Final = 30.0
 """Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""
+
+NEAR_RTT: Final = 0.02
+"""A holder whose UDP session measured a round trip (its least) below this is near: TCP fills such a
+path (its rate goes as 1/RTT), so UDP would only add CPU. It is not asked again during
+this fetch, and the next try waits :data:`PROBE_BACKOFF_CAP` (its neighbours are likely
+near too). A near fleet whose TCP is slow for another reason (CPU) tried UDP again and
+again before this: 5-17% of its bytes, for nothing."""
 
 
 @dataclass
@@ -197,8 +205,8 @@ class _Penalties:
     def skip(self, ip: str) -> bool:
         return self.until.get(ip, 0.0) > time.monotonic()
 
-    def add(self, ip: str) -> None:
-        self.until[ip] = time.monotonic() + HOLDER_PENALTY
+    def add(self, ip: str, seconds: float = HOLDER_PENALTY) -> None:
+        self.until[ip] = time.monotonic() + seconds
 
 
 def auto_udp(
@@ -273,10 +281,16 @@ def auto_udp(
             if pull.stats is not None:
                 st = pull.stats
                 log.info(
-                    "udp session: %.2fs, sender %.0f Mbit/s, srtt %s, naks %d, dup %d, block %d",
-                    st.seconds, st.sender_rate_bps / 1e6, st.srtt, st.naks, st.duplicates,
-                    st.block_size,
+                    "udp session: %.2fs, sender %.0f Mbit/s, srtt %s, min rtt %s, naks %d, "
+                    "dup %d, block %d",
+                    st.seconds, st.sender_rate_bps / 1e6, st.srtt, st.min_rtt, st.naks,
+                    st.duplicates, st.block_size,
                 )  # fmt: skip
+                if st.min_rtt is not None and st.min_rtt < NEAR_RTT:
+                    log.info("udp: %s is near (rtt %.1f ms): TCP's", holder.ip, st.min_rtt * 1e3)
+                    penalties.add(holder.ip, math.inf)
+                    choice.backoff = PROBE_BACKOFF_CAP  # its neighbours are likely near too
+                    paid = False
             choice.ended(time.monotonic(), udp_rate, paid)
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a

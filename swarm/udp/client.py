@@ -80,6 +80,8 @@ class FetchStats:
     """Payload bytes per datagram, as the server accepted it (fits the path MTU)."""
     srtt: float | None = None
     """Smoothed round-trip time of the control channel's reports, seconds."""
+    min_rtt: float | None = None
+    """The least of those round trips: the path's, without its queues."""
     gro: bool = False
     """Whether receives were batched by UDP GRO."""
     receives: int = 0
@@ -323,6 +325,7 @@ async def fetch_pieces(
         sender_rate_bps=stats.sender_rate_bps if plan is not None else 0,
         block_size=plan.block_size if plan is not None else 0,
         srtt=stats.srtt,
+        min_rtt=stats.min_rtt,
         gro=data is not None and data.gro,
         receives=stats.batches,
     )

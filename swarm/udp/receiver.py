@@ -117,6 +117,8 @@ class ReceiverStats:
     hash_failures: int = 0
     sender_rate_bps: int = 0
     srtt: float | None = None
+    min_rtt: float | None = None
+    """The least round trip seen: the path's own, without the queues a blast builds."""
     batches: int = 0
 
 
@@ -284,8 +286,9 @@ class ClientSession:
             echo, served, rate, datagrams, sent, pass_done = PROGRESS.unpack(body)
             if echo:
                 sample = max(0.0, now - echo / 1e6)
-                srtt = self.stats.srtt
+                srtt, least = self.stats.srtt, self.stats.min_rtt
                 self.stats.srtt = sample if srtt is None else 0.875 * srtt + 0.125 * sample
+                self.stats.min_rtt = sample if least is None else min(least, sample)
             self.stats.sender_rate_bps = rate
             side.pending.append(Progress(rate, datagrams, sent))
             if pass_done:
