@@ -15,10 +15,11 @@ rate. Nothing tells a node that it is far: it measures.
   times TCP's rate over the last :data:`RATE_WINDOW`; when it does not (TCP caught up,
   or the holder is slow) it stops, and the next try waits twice as long as the last
   (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
-- A session takes missing pieces that the holder has and libtorrent is not already
-  downloading, downwards from just below the node's stripe offset (S3 stripes go upwards
-  from it, libtorrent rarest first), so the sources meet late (a duplicate costs one
-  piece, which the sink drops) and the nodes of one region pull different pieces.
+- A session takes missing pieces that the holder has, those libtorrent is not already
+  downloading first, downwards from just below the node's stripe offset (S3 stripes go
+  upwards from it, libtorrent rarest first), so the sources meet late (a duplicate costs
+  one piece, which the sink drops) and the nodes of one region pull different pieces.
+- A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's.
 
 The choice (:class:`UdpChoice`) is pure; :func:`auto_udp` moves the bytes. The holder's
 UDP port is taken to be this node's own (a fleet-wide setting, ``--udp-port``).
@@ -55,8 +56,8 @@ START_AFTER: Final = 3.0
 exchanges need that long to show their rate."""
 
 WORTH_SECONDS: Final = 5.0
-"""Probe only while TCP would take at least this long for what is missing: a near fleet
-finishes first, and never sends a UDP datagram."""
+"""Try UDP only while TCP would take at least this long for what is missing: a fast
+fleet finishes first, and never sends a UDP datagram."""
 
 SESSION_BYTES: Final = 16 << 20
 """Least bytes asked of a session."""
