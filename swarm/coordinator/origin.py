@@ -144,6 +144,9 @@ class NodeRates:
     down_peak: float = 0.0
     """Peak of the total download rate (every source): the node's download capacity as
     far as it has shown it."""
+    peers_now: float = 0.0
+    """The peers' rate over the last report interval alone (not averaged): a swarm that
+    stops sending shows here at once, while the EMA takes seconds to decay."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -153,6 +156,7 @@ class NodeRates:
             "up": self.up,
             "up_peak": self.up_peak,
             "down_peak": self.down_peak,
+            "peers_now": self.peers_now,
         }
 
     @classmethod
@@ -164,6 +168,7 @@ class NodeRates:
             float(data["up"]),  # type: ignore[arg-type]
             float(data["up_peak"]),  # type: ignore[arg-type]
             float(data.get("down_peak", 0.0)),  # type: ignore[arg-type]
+            float(data.get("peers_now", 0.0)),  # type: ignore[arg-type]
         )
 
 
@@ -175,9 +180,10 @@ def update_rates(
         return NodeRates(now, dict(counters), {s: 0.0 for s in counters}, up_rate, up_rate)
     dt = now - previous.at
     down = dict(previous.down)
+    samples: dict[str, float] = {}
     for source, total in counters.items():
-        sample = rate(previous.counters.get(source, 0), total, dt)
-        down[source] = ema(down.get(source), sample, dt)
+        samples[source] = rate(previous.counters.get(source, 0), total, dt)
+        down[source] = ema(down.get(source), samples[source], dt)
     up = ema(previous.up, up_rate, dt)
     return NodeRates(
         max(previous.at, now),
@@ -186,6 +192,7 @@ def update_rates(
         up,
         max(previous.up_peak, up),
         max(previous.down_peak, sum(down.values())),
+        samples.get("peers", 0.0) if dt > 0 else previous.peers_now,
     )
 
 
@@ -615,7 +622,10 @@ class StripePlanner:
             return OriginPlan([], Mode.STRIPE, None, rates=rates)
         backlog = ((view.union | held) & ~held).bit_count() * piece_size
         peers = rates.down.get("peers", 0.0)
-        state = decide(view.mode or MixState(), peers, estimate, backlog, now)
+        # what peers deliver, conservatively: a swarm that stopped sending to this node
+        # (its uploaders went WIDE, CPU-starved) shows in the last interval at once
+        delivered = min(peers, rates.peers_now)
+        state = decide(view.mode or MixState(), delivered, estimate, backlog, now)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))
         done = self.state.commit(

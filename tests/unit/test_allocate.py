@@ -119,14 +119,15 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
         "predicted_seconds": round(F / (96 * MBIT), 2),
         "bound_seconds": round(F / (96 * MBIT), 2),
     }
-    # no peer traffic to compare S3 with (seeders hold everything, nothing came yet):
-    # no allocation; once there was one, it stands while peers are idle (ALL)
+    # no peer traffic ever (seeders hold everything, nothing came yet): no allocation;
+    # once peers have had their warm-up, S3 filling the nodes' links while peers give
+    # nothing (every node WIDE or ALL) is ALL
     book3 = CapacityBook()
     book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
     assert book3.allocation("ih", MBIT, readers=1, now=5 * PEERS_WARMUP) is None
     for i in range(6):
         book.update(f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=0.0, complete=False)
-    assert book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP + 1.5) is plan_all
+    assert book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP + 1.5) == plan_all
     # ...but when every node reading S3 saturates it (a reader gets a fifth of its link),
     # the origin is the limit after all: no more ALL
     plan = book.allocation("ih", 50 * MBIT, readers=6, now=PEERS_WARMUP + 3.0)

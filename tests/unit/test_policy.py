@@ -201,6 +201,25 @@ def test_origin_bound_start_neither_reads_all_nor_fills():
             assert plan.mode is not Mode.ALL and not plan.fill, (t, node)
 
 
+def test_a_swarm_that_stops_sending_widens_the_node_at_once():
+    """The s3-fast fleet: a node got 21 MiB from peers in its first half second, then
+    nothing for three seconds while its stripe was done and peers held what it lacked.
+    The peers' EMA kept it in STRIPE (idle) until the burst had decayed; the last
+    interval's rate shows the stall, so it widens after HOLD_SECONDS."""
+    planner = StripePlanner(stripe_bytes=8 * MiB)
+    _plan(planner, "a", count=32, now=0.0)
+    _plan(planner, "b", count=32, now=0.0)
+    b_held = (1 << 32) - 1 - 0xFF  # b holds what a lacks: a backlog for a
+    _plan(planner, "b", count=32, held=b_held, now=0.5, s3=8 * MiB, peers=16 * MiB)
+    a = _plan(planner, "a", count=32, held=0xFF, now=0.5, s3=8 * MiB)
+    burst = 0xFF | 0xFF00 | 0xFF0000  # 16 MiB from peers in the next half second
+    a = _plan(planner, "a", count=32, held=burst, now=1.0, s3=8 * MiB, peers=16 * MiB)
+    assert a.mode is Mode.STRIPE
+    for t in (2.0, 3.0):  # nothing more from peers; S3 has nothing left in the stripe
+        a = _plan(planner, "a", count=32, held=burst, now=t, s3=8 * MiB, peers=16 * MiB)
+    assert a.mode is Mode.WIDE
+
+
 def test_default_stripes_share_the_object_among_a_scale_out():
     """The first stripes are small: 8 nodes starting together on a 64-piece artifact
     all get origin work (16 MiB stripes gave it all to the first 4)."""
