@@ -144,9 +144,10 @@ class NodeRates:
     down_peak: float = 0.0
     """Peak of the total download rate (every source): the node's download capacity as
     far as it has shown it."""
-    peers_now: float = 0.0
-    """The peers' rate over the last report interval alone (not averaged): a swarm that
-    stops sending shows here at once, while the EMA takes seconds to decay."""
+    received_now: float = -1.0
+    """Bytes/s the node received from every source over the last report interval alone
+    (not averaged; -1: no interval yet). A node that S3 and peers both left idle shows
+    here at once, while the peers' EMA takes seconds to decay."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -156,7 +157,7 @@ class NodeRates:
             "up": self.up,
             "up_peak": self.up_peak,
             "down_peak": self.down_peak,
-            "peers_now": self.peers_now,
+            "received_now": self.received_now,
         }
 
     @classmethod
@@ -168,7 +169,7 @@ class NodeRates:
             float(data["up"]),  # type: ignore[arg-type]
             float(data["up_peak"]),  # type: ignore[arg-type]
             float(data.get("down_peak", 0.0)),  # type: ignore[arg-type]
-            float(data.get("peers_now", 0.0)),  # type: ignore[arg-type]
+            float(data.get("received_now", -1.0)),  # type: ignore[arg-type]
         )
 
 
@@ -192,7 +193,7 @@ def update_rates(
         up,
         max(previous.up_peak, up),
         max(previous.down_peak, sum(down.values())),
-        samples.get("peers", 0.0) if dt > 0 else previous.peers_now,
+        sum(samples.values()) if dt > 0 else previous.received_now,
     )
 
 
@@ -622,9 +623,12 @@ class StripePlanner:
             return OriginPlan([], Mode.STRIPE, None, rates=rates)
         backlog = ((view.union | held) & ~held).bit_count() * piece_size
         peers = rates.down.get("peers", 0.0)
-        # what peers deliver, conservatively: a swarm that stopped sending to this node
-        # (its uploaders went WIDE, CPU-starved) shows in the last interval at once
-        delivered = min(peers, rates.peers_now)
+        # What peers deliver. A node that received nothing at all in the last interval
+        # (its stripe done, its uploaders gone WIDE or CPU-starved: the s3-fast fleet sat
+        # 3 s so) gets nothing from them, whatever the EMA still remembers; a node that
+        # reads its stripe meanwhile is judged on the EMA (peers ramp up at the start,
+        # and widening then only loads the origin: the mixed fleet's origin sent 6 F).
+        delivered = 0.0 if rates.received_now == 0.0 else peers
         state = decide(view.mode or MixState(), delivered, estimate, backlog, now)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))
