@@ -19,9 +19,7 @@ rate. Nothing tells a node that it is far: it measures.
   downloading first, downwards from just below the node's stripe offset (S3 stripes go
   upwards from it, libtorrent rarest first), so the sources meet late (a duplicate costs
   one piece, which the sink drops) and the nodes of one region pull different pieces.
-- A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's. libtorrent's
-  timing of its TCP connect tells before any session; a session's own UDP round trips
-  tell for the peers that connected to this node.
+- A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's.
 
 The choice (:class:`UdpChoice`) is pure; :func:`auto_udp` moves the bytes. The holder's
 UDP port is taken to be this node's own (a fleet-wide setting, ``--udp-port``).
@@ -143,16 +141,11 @@ class Holder:
 def holders_of(handle: Any, own_ip: str) -> list[Holder]:
     """The torrent's connected peers that hold pieces, from libtorrent. Peers on this
     node's address or on loopback are left out: daemons sharing an address (tests, one
-    host) serve UDP on ports of their own, and ``port`` would be this node's server.
-    So are peers that libtorrent timed under :data:`NEAR_RTT` when it connected to them
-    (``rtt``, 0 for incoming connections): near, TCP's, and a UDP session with them
-    would only cost CPU (the s3-fast fleet: 2-6% of its bytes, all in one region)."""
+    host) serve UDP on ports of their own, and ``port`` would be this node's server."""
     found = []
     for peer in handle.get_peer_info():
         ip = peer.ip[0]
         if ip == own_ip or ipaddress.ip_address(ip).is_loopback:
-            continue
-        if 0 < peer.rtt < NEAR_RTT * 1000:
             continue
         seed = bool(peer.flags & lt.peer_info.seed)
         if seed or any(peer.pieces):

@@ -101,6 +101,13 @@ class CapacityBook:
             art.links.pop(node, None)
             art.complete[node] = up_peak
         else:
+            if not art.links:
+                # A new cohort (the first fetching node since the last one finished):
+                # what the previous one showed (its allocation, its peers' warm-up) says
+                # nothing of this one's links. The far-region fleet's two seeders had
+                # fetched alone and left ALL behind; the far nodes then read everything
+                # over the WAN and nothing from each other.
+                art.allocation, art.peers_since, art.at = None, None, -math.inf
             art.links[node] = _Link(down_peak, up_peak, peers)
 
     def allocation(

@@ -135,3 +135,31 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     # recomputed at most once a second; departed nodes leave the book
     book2.forget([f"n{i}" for i in range(8)])
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP + 5.0) is None
+
+
+def test_a_new_cohort_warms_up_again():
+    """Seeders that fetched alone earlier leave no allocation (nor warm-up) behind for
+    the nodes that fetch after them."""
+    book = CapacityBook()
+    for i in range(2):
+        book.update(
+            f"s{i}",
+            "ih",
+            F,
+            down_peak=250 * MBIT,
+            up_peak=250 * MBIT,
+            peers=100 * MBIT,
+            complete=False,
+        )
+    earlier = book.allocation("ih", 240 * MBIT, readers=2, now=0.0)
+    assert earlier is None  # warming up
+    assert book.allocation("ih", 240 * MBIT, readers=2, now=PEERS_WARMUP + 1).mode is Mode.ALL
+    for i in range(2):
+        book.update(
+            f"s{i}", "ih", F, down_peak=250 * MBIT, up_peak=250 * MBIT, peers=0.0, complete=True
+        )
+    # far nodes: S3 over a WAN, nothing from peers yet
+    for i in range(4):
+        book.update(f"n{i}", "ih", F, down_peak=2 * MBIT, up_peak=0.0, peers=0.0, complete=False)
+    assert book.allocation("ih", 2 * MBIT, readers=4, now=100.0) is None
+    assert book.describe("ih") is None
