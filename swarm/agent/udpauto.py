@@ -130,6 +130,12 @@ class UdpChoice:
         self.next_try_at = now + self.backoff
         self.backoff = min(PROBE_BACKOFF_CAP, self.backoff * 2)
 
+    def failed(self, now: float) -> None:
+        """A session failed on its holder (refused, closed, timed out): that says nothing
+        of UDP against TCP, so another holder may be tried at once (the caller has put
+        this one aside); the backoff and the last rate stand."""
+        self.next_try_at = now
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -268,7 +274,9 @@ def auto_udp(
             if pull.error is not None:
                 log.info("udp from %s:%d failed: %s", holder.ip, port, pull.error)
                 penalties.add(holder.ip)
-            elif not paid:
+                choice.failed(time.monotonic())
+                continue
+            if not paid:
                 log.info(
                     "udp from %s off: %.1f MB/s against TCP's %.1f MB/s",
                     holder.ip,

@@ -52,6 +52,16 @@ def test_failed_tries_back_off_doubling() -> None:
     assert waits == [PROBE_BACKOFF, 2 * PROBE_BACKOFF, 4 * PROBE_BACKOFF, 8 * PROBE_BACKOFF]
 
 
+def test_a_holder_failing_lets_the_next_be_tried_at_once() -> None:
+    """A session that failed on its holder (the server closed the connection) says
+    nothing of UDP against TCP: the next holder is tried at once, at the last rate."""
+    choice = UdpChoice(started_at=0.0)
+    choice.ended(START_AFTER, udp_rate=20e6, paid=True)
+    choice.failed(START_AFTER + 1)
+    assert choice.session_bytes(START_AFTER + 1, 0.5e6, 1 << 30) == int(20e6 * SESSION_SECONDS)
+    assert choice.backoff == PROBE_BACKOFF
+
+
 def test_sessions_go_down_from_the_start_through_what_the_holder_has() -> None:
     half = Holder("10.0.0.2", seed=False, pieces=[True] * 5 + [False] * 5)
     missing = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
