@@ -136,11 +136,11 @@ class Daemon:
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
+        """With a fleet secret: required on the local API, sent to the coordinator, and
+        peers are admitted only if the coordinator lists them as members."""
         self.udp_port = 0
         """The port this node's UDP server listens on (0: none), taken to be every
         holder's too (a fleet-wide setting) by the automatic UDP source."""
-        """With a fleet secret: required on the local API, sent to the coordinator, and
-        peers are admitted only if the coordinator lists them as members."""
         self.coordinators = coordinator_urls(settings.coordinator)
         """Every coordinator of the fleet (``A,B``): reports and announces fail over."""
         query = f"?token={self.token}" if self.token else ""  # trackers take no headers

@@ -44,12 +44,11 @@ import libtorrent as lt
 from swarm.agent.hybrid import stripe_offset
 from swarm.agent.origin import InFlight
 from swarm.agent.registry import Artifact
+from swarm.agent.udpsource import SOURCE, pull_pieces
 from swarm.sources.peers import TorrentSession
-from swarm.udp import FetchStats, UdpAuthError, UdpError, fetch_pieces_sync
+from swarm.udp import FetchStats, UdpAuthError, UdpError
 
 log = logging.getLogger(__name__)
-
-SOURCE: Final = "udp"
 
 START_AFTER: Final = 3.0
 """Seconds into a fetch before the first probe: TCP's slow start and the first piece
@@ -201,6 +200,24 @@ def batch_pieces(
     return (free + busy)[:count]
 
 
+class _RateWindow:
+    """Rates of cumulative byte counters over the last :data:`RATE_WINDOW` seconds."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, tuple[int, ...]]] = deque()
+
+    def add(self, now: float, *counters: int) -> tuple[float, ...] | None:
+        """Record the counters at ``now``; their rates (bytes/s), or None while the
+        window spans under half a second."""
+        self._samples.append((now, counters))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW:
+            self._samples.popleft()
+        then, before = self._samples[0]
+        if now - then < 0.5:
+            return None
+        return tuple((c - b) / (now - then) for b, c in zip(before, counters, strict=True))
+
+
 def _node_hash(node_id: str, ip: str) -> int:
     return int.from_bytes(hashlib.sha1(f"{node_id} {ip}".encode()).digest()[:4], "big")
 
@@ -235,7 +252,7 @@ def auto_udp(
         count = manifest.layout.count
         start = (stripe_offset(node_id, count) - 1) % count if count else 0
         penalties = _Penalties()
-        window: list[tuple[float, int]] = []  # (time, TCP bytes): the last few seconds
+        window = _RateWindow()  # TCP's bytes/s
 
         def tcp_bytes() -> int:
             by = sink.bytes_by_source
@@ -243,11 +260,8 @@ def auto_udp(
 
         while not artifact.complete_on_disk() and not artifact.cancel.is_set():
             now = time.monotonic()
-            window.append((now, tcp_bytes()))
-            while len(window) > 2 and now - window[1][0] >= RATE_WINDOW:
-                window.pop(0)
-            seconds = now - window[0][0]
-            tcp_rate = (window[-1][1] - window[0][1]) / seconds if seconds > 0.5 else 0.0
+            rates = window.add(now, tcp_bytes())
+            tcp_rate = rates[0] if rates else 0.0
             missing = sink.missing()
             want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
             if not want:
@@ -330,18 +344,9 @@ class _Session:
         self.stats: FetchStats | None = None
 
     def _fetch(self) -> None:
-        manifest, sink = self.artifact.manifest, self.artifact.sink
         try:
-            self.stats = fetch_pieces_sync(
-                self.ip,
-                self.port,
-                self.secret,
-                manifest.info_hash,
-                self.pieces,
-                lambda index, data: sink.offer(index, data, SOURCE),
-                piece_size=manifest.piece_size,
-                piece_count=manifest.layout.count,
-                cancel=self.stop,
+            self.stats = pull_pieces(
+                self.artifact, self.ip, self.port, self.secret, self.pieces, self.stop
             )
         except (UdpError, UdpAuthError) as error:  # UdpAuthError: a fleet misconfigured
             self.error = error
@@ -351,7 +356,8 @@ class _Session:
         by = self.artifact.sink.bytes_by_source
         started = time.monotonic()
         udp_at_start = by.get(SOURCE, 0)
-        samples = deque([(started, udp_at_start, self.tcp_bytes())])
+        window = _RateWindow()  # UDP's and TCP's bytes/s
+        window.add(started, udp_at_start, self.tcp_bytes())
         worker = threading.Thread(target=self._fetch, name="udp-auto-fetch", daemon=True)
         worker.start()
         lost = False
@@ -361,13 +367,10 @@ class _Session:
                 self.stop.set()
                 continue
             now = time.monotonic()
-            samples.append((now, by.get(SOURCE, 0), self.tcp_bytes()))
-            while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW:
-                samples.popleft()
-            (t0, udp0, tcp0), (t1, udp1, tcp1) = samples[0], samples[-1]
-            if t1 - t0 < 0.5 or self.stop.is_set():
+            rates = window.add(now, by.get(SOURCE, 0), self.tcp_bytes())
+            if rates is None or self.stop.is_set():
                 continue
-            udp_rate, self.tcp_rate = (udp1 - udp0) / (t1 - t0), (tcp1 - tcp0) / (t1 - t0)
+            udp_rate, self.tcp_rate = rates
             if not choice.keep(now - started, udp_rate, self.tcp_rate):
                 lost = True
                 self.stop.set()

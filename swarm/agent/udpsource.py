@@ -6,37 +6,55 @@ checks every piece it hands over (``TorrentSink.offer``).
 
 from __future__ import annotations
 
+import threading
+
 from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
 from swarm.sources.peers import TorrentSession
-from swarm.udp import fetch_pieces_sync
+from swarm.udp import FetchStats, fetch_pieces_sync
+
+SOURCE = "udp"
+"""The name UDP bytes go under in ``bytes_by_source``."""
 
 NOTHING_HELD_RETRY = 5.0
 """Seconds before asking a holder again that holds none of the missing pieces."""
+
+
+def pull_pieces(
+    artifact: Artifact,
+    host: str,
+    port: int,
+    secret: bytes,
+    pieces: list[int],
+    cancel: threading.Event,
+) -> FetchStats:
+    """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink."""
+    manifest, sink = artifact.manifest, artifact.sink
+    return fetch_pieces_sync(
+        host,
+        port,
+        secret,
+        manifest.info_hash,
+        pieces,
+        lambda index, data: sink.offer(index, data, SOURCE),
+        piece_size=manifest.piece_size,
+        piece_count=manifest.layout.count,
+        cancel=cancel,
+    )
 
 
 def read_udp(
     session: TorrentSession, artifact: Artifact, host: str, port: int, secret: bytes
 ) -> None:
     """Pull the missing pieces from ``udp://host:port`` until the artifact is complete."""
-    manifest, sink = artifact.manifest, artifact.sink
-    state = session.torrents[manifest.info_hash]
+    sink = artifact.sink
+    state = session.torrents[artifact.manifest.info_hash]
     while not sink.complete() and not artifact.cancel.is_set():
         missing = sink.missing()
         if not missing:
             state.finished.wait(0.25)  # all held: libtorrent is flushing
             continue
-        stats = fetch_pieces_sync(
-            host,
-            port,
-            secret,
-            manifest.info_hash,
-            missing,
-            lambda index, data: sink.offer(index, data, "udp"),
-            piece_size=manifest.piece_size,
-            piece_count=manifest.layout.count,
-            cancel=artifact.cancel,
-        )
+        stats = pull_pieces(artifact, host, port, secret, missing, artifact.cancel)
         if stats.unavailable and not stats.kept:
             if artifact.cancel.wait(NOTHING_HELD_RETRY):
                 return

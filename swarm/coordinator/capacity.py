@@ -186,13 +186,11 @@ def snapshot(
     elif s3_per_reader < LINK_SHARE * down:
         # a reader gets well below what nodes have shown they can take: S3 is the limit
         origin = s3_per_reader * max(1, readers)
-    elif (peers := statistics.median(link.peers for link in fetching)) <= 0:
+    elif s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching):
         # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
-        # warm-up, so the peaks include what they gave), and peers give nothing now:
-        # every node went WIDE on its own, or reads S3 alone under ALL. S3 is the faster
-        # source; ALL spares the nodes the swarm's CPU
-        origin = math.inf
-    elif s3_per_reader >= S3_AS_FAST * peers:
+        # warm-up, so the peaks include what they gave) and gives at least what peers
+        # give, nothing included (every node went WIDE on its own, or reads S3 alone
+        # under ALL): S3 is the faster source, and ALL spares the nodes the swarm's CPU
         origin = math.inf
     else:
         origin = s3_per_reader * max(1, readers)

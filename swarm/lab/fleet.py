@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -592,6 +593,24 @@ class Fleet:
         self.lab.stop_processes([h.netns for h in self.seeder_hosts + self.node_hosts])
 
 
+@contextlib.contextmanager
+def started_fleet(config: FleetConfig, keep: bool = False, lab_name: str = "fl") -> Iterator[Fleet]:
+    """A fleet in a fresh work directory and lab, its origin started and the artifact
+    published; the directory goes on exit unless ``keep`` (the bench's and the tests'
+    one way to set a fleet up)."""
+    work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
+    try:
+        with Lab(lab_name) as lab:
+            fleet = Fleet(config, lab, work, keep)
+            fleet.start_origin()
+            yield fleet
+    finally:
+        if keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def run_fleet(
     config: FleetConfig, systems: list[str], keep: bool = False
 ) -> tuple[list[SystemResult], dict[str, str]]:
@@ -606,29 +625,20 @@ def run_fleet(
         why = each.unavailable()
         if why:
             raise FleetError(why)
-    work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
     results: list[SystemResult] = []
     failures: dict[str, str] = {}
-    try:
-        with Lab("fl") as lab:
-            fleet = Fleet(config, lab, work, keep)
-            fleet.start_origin()
-            for each in chosen:
-                log(f"{each.name}: {config.nodes} nodes, {config.seeders} seeders")
-                try:
-                    result = fleet.run_system(each)
-                except (FleetError, LabError) as error:
-                    log(f"{each.name}: FAILED: {error}")
-                    failures[each.name] = str(error)
-                    continue
-                log(
-                    f"{each.name}: all done in {result.all_done:.1f}s "
-                    f"({result.all_done / result.bound:.2f} x T*)"
-                )
-                results.append(result)
-    finally:
-        if keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    with started_fleet(config, keep=keep) as fleet:
+        for each in chosen:
+            log(f"{each.name}: {config.nodes} nodes, {config.seeders} seeders")
+            try:
+                result = fleet.run_system(each)
+            except (FleetError, LabError) as error:
+                log(f"{each.name}: FAILED: {error}")
+                failures[each.name] = str(error)
+                continue
+            log(
+                f"{each.name}: all done in {result.all_done:.1f}s "
+                f"({result.all_done / result.bound:.2f} x T*)"
+            )
+            results.append(result)
     return results, failures

@@ -9,14 +9,13 @@ clean clone needs no Go build; ``SWARM_FLEET_S3=minio`` switches to MinIO.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from swarm.lab.coordinator import Coordinator
-from swarm.lab.fleet import Fleet, FleetConfig
+from swarm.lab.fleet import Fleet, FleetConfig, started_fleet
 from swarm.lab.netlab import Host, Lab, lab_unavailable
 from swarm.lab.s3 import S3Server, publish
 from tests.conftest import CREDENTIALS, make_artifact
@@ -80,7 +79,5 @@ def fleet() -> Iterator[Fleet]:
         system_timeout=90,
         scenario="origin-bound",
     )
-    with tempfile.TemporaryDirectory(prefix="swarm-fleet-test-") as work, Lab("ft") as lab:
-        instance = Fleet(config, lab, Path(work))
-        instance.start_origin()
+    with started_fleet(config, lab_name="ft") as instance:
         yield instance

@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from swarm.lab.fleet import Fleet, FleetConfig
-from swarm.lab.netlab import Lab, lab_unavailable
+from swarm.lab.fleet import FleetConfig, started_fleet
+from swarm.lab.netlab import lab_unavailable
 from swarm.lab.scenarios import scenario
 
 pytestmark = pytest.mark.fleet
@@ -40,9 +39,7 @@ def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag() -> 
         system_timeout=150,
         scenario="far-region",
     )
-    with tempfile.TemporaryDirectory(prefix="swarm-far-test-") as work, Lab("fu") as lab:
-        fleet = Fleet(config, lab, Path(work))
-        fleet.start_origin()
+    with started_fleet(config, lab_name="fu") as fleet:
         # the far node's S3 endpoint answers manifests and refuses every piece (403)
         proxy = fleet.origin.popen(
             [sys.executable, "-m", "tests.fleet.refusing_s3", fleet.origin.ip,
@@ -54,7 +51,7 @@ def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag() -> 
         fleet.keep = True  # the daemon's log, for the assertion's message
         result = fleet.run_system("swarm")
         lost = fleet.wan.stats() if fleet.wan is not None else {}
-        log = (Path(work) / "swarm" / "node0" / "home" / "daemon.log").read_text()
+        log = (fleet.work / "swarm" / "node0" / "home" / "daemon.log").read_text()
         said = [line for line in log.splitlines() if "udp" in line]
         print("\n".join(said), file=sys.stderr)  # shown if the test fails
     (node,) = result.nodes

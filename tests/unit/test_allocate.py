@@ -85,12 +85,27 @@ def test_unlimited_s3_reads_everything_from_s3() -> None:
     assert plan.mode is Mode.ALL and plan.finish == pytest.approx(F / (250 * MBIT))
 
 
+def _report(
+    book: CapacityBook,
+    names: list[str],
+    *,
+    down: float,
+    up: float,
+    peers: float,
+    complete: bool = False,
+) -> None:
+    """Each of ``names`` reports its link peaks and peer rate (Mbit/s) for one artifact."""
+    for name in names:
+        book.update(
+            name, "ih", F, down_peak=down * MBIT, up_peak=up * MBIT, peers=peers * MBIT,
+            complete=complete,
+        )  # fmt: skip
+
+
 def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     book = CapacityBook()
-    for i in range(6):
-        book.update(
-            f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=80 * MBIT, complete=False
-        )
+    six = [f"n{i}" for i in range(6)]
+    _report(book, six, down=250, up=0, peers=80)
     # S3 gives each reader more than peers give a node: S3 is not the limit, once the
     # swarm had PEERS_WARMUP seconds to show its rate (before, a reader's peak is its
     # S3 rate and peers have little to give, in every shape)
@@ -100,16 +115,7 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     # peers give a node 10x what S3 gives a reader: the origin is the bottleneck, so
     # each piece leaves it once
     book2 = CapacityBook()
-    for i in range(8):
-        book2.update(
-            f"n{i}",
-            "ih",
-            F,
-            down_peak=200 * MBIT,
-            up_peak=200 * MBIT,
-            peers=180 * MBIT,
-            complete=False,
-        )
+    _report(book2, [f"n{i}" for i in range(8)], down=200, up=200, peers=180)
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=0.0) is None  # warming up
     plan = book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP)
     assert plan is not None and plan.mode is Mode.STRIPE
@@ -125,8 +131,7 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     book3 = CapacityBook()
     book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
     assert book3.allocation("ih", MBIT, readers=1, now=5 * PEERS_WARMUP) is None
-    for i in range(6):
-        book.update(f"n{i}", "ih", F, down_peak=250 * MBIT, up_peak=0.0, peers=0.0, complete=False)
+    _report(book, six, down=250, up=0, peers=0)
     assert book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP + 1.5) == plan_all
     # ...but when every node reading S3 saturates it (a reader gets a fifth of its link),
     # the origin is the limit after all: no more ALL
@@ -141,25 +146,13 @@ def test_a_new_cohort_warms_up_again():
     """Seeders that fetched alone earlier leave no allocation (nor warm-up) behind for
     the nodes that fetch after them."""
     book = CapacityBook()
-    for i in range(2):
-        book.update(
-            f"s{i}",
-            "ih",
-            F,
-            down_peak=250 * MBIT,
-            up_peak=250 * MBIT,
-            peers=100 * MBIT,
-            complete=False,
-        )
+    seeders = ["s0", "s1"]
+    _report(book, seeders, down=250, up=250, peers=100)
     earlier = book.allocation("ih", 240 * MBIT, readers=2, now=0.0)
     assert earlier is None  # warming up
     assert book.allocation("ih", 240 * MBIT, readers=2, now=PEERS_WARMUP + 1).mode is Mode.ALL
-    for i in range(2):
-        book.update(
-            f"s{i}", "ih", F, down_peak=250 * MBIT, up_peak=250 * MBIT, peers=0.0, complete=True
-        )
+    _report(book, seeders, down=250, up=250, peers=0, complete=True)
     # far nodes: S3 over a WAN, nothing from peers yet
-    for i in range(4):
-        book.update(f"n{i}", "ih", F, down_peak=2 * MBIT, up_peak=0.0, peers=0.0, complete=False)
+    _report(book, [f"n{i}" for i in range(4)], down=2, up=0, peers=0)
     assert book.allocation("ih", 2 * MBIT, readers=4, now=100.0) is None
     assert book.describe("ih") is None
