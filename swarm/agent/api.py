@@ -10,16 +10,31 @@
                                   next poll)
 
 Errors are ``{"error", "exit_code"}`` with status 400 (403 without the fleet token).
+
+Served by the standard library's ``http.server``, a thread per request: the API answers a
+handful of requests per fetch from one local client, and aiohttp's import alone (its
+connector builds TLS contexts, loading the CA bundle) cost every node ~0.2 CPU-s at start,
+when a scale-out's nodes compete for their cores. Reads of the daemon's state run on its
+event loop (:func:`_on_loop`), as the reporter's do; a fetch request runs in the request's
+thread, as it ran in an executor before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
-from typing import TYPE_CHECKING
-
-from aiohttp import web
-from aiohttp.typedefs import Handler
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
 from swarm.fleetauth import bearer, token_matches
@@ -28,80 +43,141 @@ from swarm.messages import FetchRequest
 if TYPE_CHECKING:
     from swarm.agent.daemon import Daemon
 
+log = logging.getLogger(__name__)
 
 MAX_WAIT = 5.0
 """Longest ``?wait=`` a status request may ask for."""
 
 WAIT_STEP = 0.02
-"""How often a long poll looks at the artifact (a coroutine wake-up, no I/O)."""
+"""How often a long poll looks at the artifact (an Event wait, no I/O)."""
+
+MAX_BODY = 1 << 20
+"""Largest request body taken (a fetch request is a few hundred bytes)."""
+
+T = TypeVar("T")
 
 
-def error_response(error: SwarmError) -> web.Response:
-    return web.json_response({"error": str(error), "exit_code": error.exit_code}, status=400)
+class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The API on a Unix socket; :meth:`start` serves it from a thread."""
+
+    daemon_threads = True  # a stop does not wait for requests in flight (a long poll)
+
+    def __init__(self, daemon: Daemon, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self.node = daemon
+        self.loop = loop
+        super().__init__(str(path), _Handler)
+        os.chmod(path, 0o600)
+        self._thread = threading.Thread(target=self.serve_forever, name="api", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving (blocks up to the poll interval; call it off the event loop)."""
+        self.shutdown()
+        self.server_close()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        log.exception("api: a request failed")  # into the daemon's log, not bare stderr
+
+    def on_loop(self, call: Callable[[], T]) -> T:
+        """``call()`` run on the daemon's event loop, its result returned here."""
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(call())
+            except BaseException as error:  # handed to the request's thread
+                done.set_exception(error)
+
+        self.loop.call_soon_threadsafe(run)
+        return done.result()
 
 
-def make_api(daemon: Daemon) -> web.Application:
-    routes = web.RouteTableDef()
+class _Handler(BaseHTTPRequestHandler):
+    server: ApiServer
+    protocol_version = "HTTP/1.1"
 
-    @web.middleware
-    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("api: " + format, *args)  # no access log (and no client address here)
+
+    def _serve(self, method: str) -> None:
+        daemon = self.server.node
         if daemon.token and not token_matches(
-            bearer(request.headers.get("Authorization")), daemon.token
+            bearer(self.headers.get("Authorization")), daemon.token
         ):
-            return web.json_response(
+            self._json(
                 {
                     "error": "swarm: the daemon API needs the fleet token (SWARM_SECRET)",
                     "exit_code": AccessDeniedError.exit_code,
                 },
-                status=403,
+                HTTPStatus.FORBIDDEN,
             )
-        return await handler(request)
-
-    @routes.get("/v1/health")
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "node": daemon.node_id,
-                "pid": os.getpid(),
-                "listen": daemon.listen_ip,
-                "coordinator": daemon.settings.coordinator,
-                "peers_from_asg": sorted(daemon.asg_groups),
-            }
-        )
-
-    @routes.post("/v1/fetch")
-    async def fetch(request: web.Request) -> web.Response:
+            return
+        url = urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
         try:
-            body = await request.json()
-        except ValueError as error:
-            return error_response(UsageError(f"swarm: bad fetch request: {error}"))
-        try:
-            fetch_request = FetchRequest.from_json(body)
-            loop = asyncio.get_running_loop()
-            artifact = await loop.run_in_executor(None, daemon.fetch, fetch_request)
+            if method == "GET" and url.path == "/v1/health":
+                self._json(self.server.on_loop(lambda: _health(daemon)))
+            elif method == "POST" and url.path == "/v1/fetch":
+                self._fetch(daemon)
+            elif method == "GET" and url.path == "/v1/artifacts":
+                self._json(self.server.on_loop(daemon.snapshot))
+            elif method == "GET" and len(parts) == 3 and parts[:2] == ["v1", "artifacts"]:
+                self._artifact(daemon, parts[2], parse_qs(url.query).get("wait", ["0"])[-1])
+            else:
+                self._json({"error": f"swarm: no such API: {method} {url.path}"}, 404)
         except SwarmError as error:
-            return error_response(error)
-        return web.json_response(daemon.describe(artifact).to_json())
+            self._json({"error": str(error), "exit_code": error.exit_code}, HTTPStatus.BAD_REQUEST)
+        except Exception as error:  # a bug: answered, logged, and the daemon goes on
+            log.exception("api: %s %s failed", method, url.path)
+            self._json({"error": f"swarm: the daemon failed: {error!r}", "exit_code": 1}, 500)
 
-    @routes.get("/v1/artifacts")
-    async def artifacts(_: web.Request) -> web.Response:
-        return web.json_response(daemon.snapshot())
-
-    @routes.get("/v1/artifacts/{info_hash}")
-    async def artifact(request: web.Request) -> web.Response:
-        found = daemon.lookup(request.match_info["info_hash"])
-        if not found:
-            return error_response(NotFoundError("swarm: this daemon holds no such artifact"))
+    def _fetch(self, daemon: Daemon) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= MAX_BODY:
+            raise UsageError(f"swarm: bad fetch request: a body of {length} bytes")
         try:
-            wait = min(MAX_WAIT, max(0.0, float(request.query.get("wait", 0))))
-        except ValueError:
-            return error_response(UsageError("swarm: ?wait= takes seconds"))
-        loop = asyncio.get_running_loop()
-        until = loop.time() + wait
-        while not found.verified.is_set() and found.failure is None and loop.time() < until:
-            await asyncio.sleep(WAIT_STEP)
-        return web.json_response(daemon.describe(found).to_json())
+            request = FetchRequest.from_json(json.loads(self.rfile.read(length)))
+        except ValueError as error:
+            raise UsageError(f"swarm: bad fetch request: {error}") from error
+        artifact = daemon.fetch(request)
+        self._json(self.server.on_loop(lambda: daemon.describe(artifact).to_json()))
 
-    app = web.Application(middlewares=[require_token])
-    app.add_routes(routes)
-    return app
+    def _artifact(self, daemon: Daemon, info_hash: str, wait_text: str) -> None:
+        found = self.server.on_loop(lambda: daemon.lookup(info_hash))
+        if not found:
+            raise NotFoundError("swarm: this daemon holds no such artifact")
+        try:
+            wait = min(MAX_WAIT, max(0.0, float(wait_text)))
+        except ValueError as error:
+            raise UsageError("swarm: ?wait= takes seconds") from error
+        until = time.monotonic() + wait
+        while found.failure is None and time.monotonic() < until:
+            if found.verified.wait(WAIT_STEP):
+                break
+        self._json(self.server.on_loop(lambda: daemon.describe(found).to_json()))
+
+    def _json(self, body: object, status: int = HTTPStatus.OK) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+def _health(daemon: Daemon) -> dict[str, object]:
+    return {
+        "node": daemon.node_id,
+        "pid": os.getpid(),
+        "listen": daemon.listen_ip,
+        "coordinator": daemon.settings.coordinator,
+        "peers_from_asg": sorted(daemon.asg_groups),
+    }

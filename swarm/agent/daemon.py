@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import libtorrent as lt
-from aiohttp import web
 
 from swarm import catalog
 from swarm.agent import finisher, registry, treefs
-from swarm.agent.api import make_api
+from swarm.agent.api import ApiServer
 from swarm.agent.client import sock_path
 from swarm.agent.destlock import DestLock
 from swarm.agent.hybrid import TorrentSink
@@ -710,15 +709,11 @@ async def serve(
     sock = sock_path(settings.home)
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
-    # A stop does not wait for API requests still in flight (a fetch request blocked on
-    # an S3 endpoint that never answers would hold it for aiohttp's default 60 s).
-    runner = web.AppRunner(make_api(daemon), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await web.UnixSite(runner, str(sock)).start()
-    os.chmod(sock, 0o600)
+    loop = asyncio.get_running_loop()
+    api = ApiServer(daemon, sock, loop)
+    api.start()
     (settings.home / "daemon.pid").write_text(str(os.getpid()))
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     wake = asyncio.Event()
@@ -756,7 +751,9 @@ async def serve(
             task.cancel()
         if udp_server:
             await udp_server.close()
-        await runner.cleanup()
+        # A stop does not wait for API requests still in flight (a fetch request blocked
+        # on an S3 endpoint that never answers): their threads are daemon threads.
+        await loop.run_in_executor(None, api.stop)
         await loop.run_in_executor(None, daemon.close)
         marker.write_text(str(os.getpid()))
         with contextlib.suppress(FileNotFoundError):

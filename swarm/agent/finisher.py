@@ -22,10 +22,13 @@ import os
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.errors import IntegrityError, SwarmError
 from swarm.manifest import Manifest
-from swarm.sources.peers import TorrentSession
+
+if TYPE_CHECKING:  # the client imports this module for copy_verified: no libtorrent there
+    from swarm.sources.peers import TorrentSession
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
+import json
 import logging
-from typing import TYPE_CHECKING
-
-from aiohttp import ClientError, ClientSession, ClientTimeout
+import ssl
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from swarm.agent.daemon import Daemon
@@ -19,6 +21,9 @@ REPORT_INTERVAL = 1.0
 
 FAILOVER_WAIT = 0.25
 """Seconds before a failed report goes to the next coordinator of the list."""
+
+REPORT_TIMEOUT = 2.0
+"""Seconds a report may take (connect, send, answer) before the next coordinator."""
 
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 30.0
 """Bounds on the interval a coordinator may ask for (a bad reply cannot silence a node
@@ -51,6 +56,47 @@ class Membership:
         return changed
 
 
+class ReportPoster:
+    """POSTs a JSON report to a coordinator URL over a kept-alive ``http.client``
+    connection, blocking (run it in an executor). The standard library's client rather
+    than aiohttp's: see :mod:`swarm.agent.api` for what aiohttp's import cost each node.
+    A TLS context is made only for an ``https://`` coordinator."""
+
+    def __init__(self, headers: dict[str, str], timeout: float = REPORT_TIMEOUT) -> None:
+        self.headers = {"Content-Type": "application/json", **headers}
+        self.timeout = timeout
+        self._conns: dict[str, http.client.HTTPConnection] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def post(self, url: str, report: dict[str, Any]) -> tuple[int, Any]:
+        """(status, JSON reply or None); OSError or HTTPException when the exchange fails."""
+        parts = urlsplit(url)
+        conn = self._conns.get(parts.netloc)
+        if conn is None:
+            if parts.scheme == "https":
+                self._tls = self._tls or ssl.create_default_context()
+                conn = http.client.HTTPSConnection(
+                    parts.netloc, timeout=self.timeout, context=self._tls
+                )
+            else:
+                conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+            self._conns[parts.netloc] = conn
+        try:
+            conn.request("POST", parts.path, json.dumps(report).encode(), self.headers)
+            response = conn.getresponse()
+            raw = response.read()
+        except BaseException:
+            conn.close()  # the next report reconnects
+            del self._conns[parts.netloc]
+            raise
+        return response.status, json.loads(raw) if response.status == 200 else None
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+
 async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
     """Post this node's counters to the coordinator (soft state) at the interval it asks
     for, and take the origin plans of its reply. ``wake`` sends a report at once."""
@@ -59,7 +105,9 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
     headers = {"Authorization": f"Bearer {daemon.token}"} if daemon.token else {}
     interval = REPORT_INTERVAL
     members = Membership()
-    async with ClientSession(timeout=ClientTimeout(total=2), headers=headers) as http:
+    poster = ReportPoster(headers)
+    loop = asyncio.get_running_loop()
+    try:
         while True:
             url = urls[current]
             report = daemon.snapshot()
@@ -68,10 +116,9 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
             else:
                 report["want_members"] = False  # an open fleet filters no peers
             try:
-                async with http.post(url, json=report) as response:
-                    if response.status >= 500:  # overloaded or failing: try the next one
-                        raise OSError(f"HTTP {response.status}")
-                    reply = await response.json() if response.status == 200 else {}
+                status, reply = await loop.run_in_executor(None, poster.post, url, report)
+                if status >= 500:  # overloaded or failing: try the next one
+                    raise OSError(f"HTTP {status}")
                 if isinstance(reply, dict):
                     asked = reply.get("interval")
                     if isinstance(asked, int | float) and asked > 0:
@@ -80,10 +127,12 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                     if members.apply(reply):
                         daemon.take_members(sorted(members.ips))
                 wait = interval
-            except (TimeoutError, OSError, ValueError, ClientError) as error:
+            except (OSError, ValueError, http.client.HTTPException) as error:
                 log.debug("report to %s failed: %s", url, error)
                 current = (current + 1) % len(urls)  # the next coordinator, soon
                 wait = min(interval, FAILOVER_WAIT) if len(urls) > 1 else interval
             wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), wait)
+    finally:
+        poster.close()
