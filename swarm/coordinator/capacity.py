@@ -186,11 +186,17 @@ def snapshot(
     elif s3_per_reader < LINK_SHARE * down:
         # a reader gets well below what nodes have shown they can take: S3 is the limit
         origin = s3_per_reader * max(1, readers)
-    elif s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching):
+    elif s3_per_reader >= S3_AS_FAST * statistics.median(
+        link.peers for link in fetching
+    ) and s3_per_reader * readers >= LINK_SHARE * down * len(fetching):
         # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
         # warm-up, so the peaks include what they gave) and gives at least what peers
         # give, nothing included (every node went WIDE on its own, or reads S3 alone
-        # under ALL): S3 is the faster source, and ALL spares the nodes the swarm's CPU
+        # under ALL): S3 is the faster source, and ALL spares the nodes the swarm's CPU.
+        # Only if it did so for as many readers as there are fetching nodes: two readers
+        # at link speed say nothing of eight (the mixed fleet's origin, 400 Mbit for 8
+        # nodes of 300, gave its last readers their link, and ALL then had all 8 read
+        # everything: origin 6-7 F, 3 x T*).
         origin = math.inf
     else:
         origin = s3_per_reader * max(1, readers)

@@ -142,6 +142,23 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP + 5.0) is None
 
 
+def test_a_few_fast_readers_do_not_make_all() -> None:
+    """S3 counts as unlimited only once it fed as many readers as nodes fetch: the last
+    two readers of an origin shared by eight get their link, which says nothing of
+    what eight readers would get."""
+    book = CapacityBook()
+    eight = [f"n{i}" for i in range(8)]
+    _report(book, eight, down=300, up=100, peers=0)
+    book.allocation("ih", 280 * MBIT, readers=2, now=0.0)  # warm-up starts... no peers
+    _report(book, eight, down=300, up=100, peers=40)
+    assert book.allocation("ih", 280 * MBIT, readers=2, now=1.0) is None  # warming up
+    plan = book.allocation("ih", 280 * MBIT, readers=2, now=1.0 + PEERS_WARMUP)
+    assert plan is not None and plan.mode is not Mode.ALL
+    # the same rate for all eight readers: S3 feeds every node at link speed
+    plan = book.allocation("ih", 280 * MBIT, readers=8, now=2.0 + PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.ALL
+
+
 def test_a_new_cohort_warms_up_again():
     """Seeders that fetched alone earlier leave no allocation (nor warm-up) behind for
     the nodes that fetch after them."""
