@@ -90,21 +90,29 @@ class DaemonClient:
             self.headers["Authorization"] = f"Bearer {token}"
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
-        conn = UnixHTTPConnection(self.sock, timeout)
-        try:
-            payload = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=payload, headers=self.headers)
-            response = conn.getresponse()
-            raw = response.read()
-        except TimeoutError:
-            raise
-        except (OSError, http.client.HTTPException) as error:
-            raise DaemonGoneError(
-                f"swarm: the node's daemon stopped answering ({error}); see "
-                f"{self.home / 'daemon.log'}, then rerun: the fetch resumes where it stopped"
-            ) from error
-        finally:
-            conn.close()
+        # A GET is asked again once if the connection closed without an answer: seen once
+        # in some 25 fleet runs mid-fetch, with the daemon alive; a daemon that died
+        # refuses the retry's connection, and that error is reported.
+        tries = 2 if method == "GET" else 1
+        for attempt in range(tries):
+            conn = UnixHTTPConnection(self.sock, timeout)
+            try:
+                payload = json.dumps(body).encode() if body is not None else None
+                conn.request(method, path, body=payload, headers=self.headers)
+                response = conn.getresponse()
+                raw = response.read()
+                break
+            except TimeoutError:
+                raise
+            except (http.client.RemoteDisconnected, ConnectionResetError) as error:
+                if attempt + 1 < tries:
+                    time.sleep(0.1)
+                    continue
+                raise self._gone(error) from error
+            except (OSError, http.client.HTTPException) as error:
+                raise self._gone(error) from error
+            finally:
+                conn.close()
         try:
             data = json.loads(raw or b"null")
         except ValueError:
@@ -116,6 +124,12 @@ class DaemonClient:
             refused.exit_code = int(data.get("exit_code", 1))
             raise refused
         return data
+
+    def _gone(self, error: BaseException) -> DaemonGoneError:
+        return DaemonGoneError(
+            f"swarm: the node's daemon stopped answering ({error}); see "
+            f"{self.home / 'daemon.log'}, then rerun: the fetch resumes where it stopped"
+        )
 
     def alive(self) -> bool:
         try:

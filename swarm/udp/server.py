@@ -466,6 +466,10 @@ class UdpServer:
         self.sessions_total += 1
         try:
             await conn.run()
+        except asyncio.CancelledError:
+            # close() cancels sessions in flight; conn.run has cleaned up. Ending quietly
+            # spares the daemon's log asyncio's "Exception in callback" at every stop.
+            pass
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]
 
