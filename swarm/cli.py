@@ -423,7 +423,7 @@ def daemon(
     import gc
 
     faulthandler.enable()  # a crash in libtorrent's native code leaves its stack in the log
-    # Its imports (aiohttp, botocore, libtorrent: ~0.4 CPU-s) allocate objects that live
+    # Its imports (botocore, libtorrent, the UDP package: ~0.4 CPU-s) allocate objects that live
     # as long as the process; collecting during them only re-scans them. Freeze them out
     # of later collections too.
     gc.disable()
