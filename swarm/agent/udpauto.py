@@ -32,6 +32,7 @@ import ipaddress
 import itertools
 import logging
 import math
+import socket
 import threading
 import time
 from collections import deque
@@ -86,11 +87,16 @@ HOLDER_PENALTY: Final = 30.0
 """Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""
 
 NEAR_RTT: Final = 0.02
-"""A holder whose UDP session measured a round trip (its least) below this is near: TCP fills such a
-path (its rate goes as 1/RTT), so UDP would only add CPU. It is not asked again during
-this fetch, and the next try waits :data:`PROBE_BACKOFF_CAP` (its neighbours are likely
-near too). A near fleet whose TCP is slow for another reason (CPU) tried UDP again and
-again before this: 5-17% of its bytes, for nothing."""
+"""A holder whose round trip is below this is near: TCP fills such a path (its rate goes
+as 1/RTT), so UDP would only add CPU. It is not asked again during this fetch, and the
+next try waits :data:`PROBE_BACKOFF_CAP` (its neighbours are likely near too). A near
+fleet whose TCP is slow for another reason (CPU) tried UDP again and again before this:
+5-17% of its bytes, for nothing. The round trip is the least of a few TCP connects to the
+holder's UDP control port (:func:`connect_rtt`), before any session; a session's own
+least RTT catches a near holder the connects missed (a busy node wakes late)."""
+
+RTT_PROBES: Final = 3
+"""TCP connects timed before a session (their least is the holder's round trip)."""
 
 
 @dataclass
@@ -134,6 +140,25 @@ class UdpChoice:
         of UDP against TCP, so another holder may be tried at once (the caller has put
         this one aside); the backoff and the last rate stand."""
         self.next_try_at = now
+
+
+def connect_rtt(
+    host: str, port: int, tries: int = RTT_PROBES, timeout: float = 1.0
+) -> float | None:
+    """The least time of ``tries`` TCP connects to ``host:port`` (the kernel answers a
+    connect, so it is the path's round trip plus this node's wake-up), or None if none
+    connected. Each connection is closed at once: the server sees a control connection
+    end before its hello."""
+    best: float | None = None
+    for _ in range(tries):
+        started = time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                took = time.monotonic() - started
+        except OSError:
+            continue
+        best = took if best is None else min(best, took)
+    return best
 
 
 @dataclass(frozen=True)
@@ -282,6 +307,19 @@ def auto_udp(
             )
             if holder is None or not pieces:
                 choice.ended(now, choice.udp_rate, paid=False)
+                continue
+            rtt = connect_rtt(holder.ip, port)
+            if rtt is None:
+                log.info("udp: %s:%d refuses connections", holder.ip, port)
+                penalties.add(holder.ip)
+                choice.failed(time.monotonic())
+                continue
+            log.info("udp: %s answers a connect in %.1f ms", holder.ip, rtt * 1e3)
+            if rtt < NEAR_RTT:
+                log.info("udp: %s is near (connect %.1f ms): TCP's", holder.ip, rtt * 1e3)
+                penalties.add(holder.ip, math.inf)
+                choice.backoff = PROBE_BACKOFF_CAP
+                choice.ended(time.monotonic(), choice.udp_rate, paid=False)
                 continue
             pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
             udp_rate, paid = pull.run(choice)

@@ -1,8 +1,12 @@
-"""The automatic UDP source's choices (pure): when to probe, when to stay, what to pull."""
+"""The automatic UDP source's choices (pure): when to probe, when to stay, what to pull; and
+the round-trip probe it makes before a session, on real sockets."""
 
 from __future__ import annotations
 
+import socket
+
 from swarm.agent.udpauto import (
+    NEAR_RTT,
     PROBE_BACKOFF,
     PROBE_SECONDS,
     SESSION_BYTES,
@@ -12,6 +16,7 @@ from swarm.agent.udpauto import (
     UdpChoice,
     batch_pieces,
     best_holder,
+    connect_rtt,
 )
 
 MiB = 1 << 20
@@ -91,3 +96,19 @@ def test_far_nodes_spread_over_equal_seeds() -> None:
         assert pick is not None
         picks.add(pick.ip)
     assert picks == {"10.0.0.2", "10.0.0.3"}
+
+
+def test_connect_rtt_times_a_real_listener_and_says_none_for_a_closed_port() -> None:
+    """A listener on loopback answers in well under :data:`NEAR_RTT` (a near holder is
+    found before any session); a port nobody listens on gives None (the holder is put
+    aside, as a failed session would be)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        rtt = connect_rtt("127.0.0.1", port)
+        assert rtt is not None and rtt < NEAR_RTT
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        free_port = closed.getsockname()[1]  # bound, never listening: connects are refused
+        assert connect_rtt("127.0.0.1", free_port, timeout=0.5) is None
