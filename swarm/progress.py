@@ -20,6 +20,30 @@ if TYPE_CHECKING:
     from swarm.manifest import Manifest
 
 
+def _progress_bar(console: Console | None, *, sources: bool) -> Progress:
+    """A rich bar on stderr: bytes, rate, and either the time left or (``sources``) the
+    task's ``sources`` field. rich is imported here, on first use (see the module doc)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    last = TextColumn("{task.fields[sources]}") if sources else TimeRemainingColumn()
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        last,
+        console=console or Console(stderr=True),
+    )
+
+
 class FetchProgress:
     """Progress callbacks of an in-process fetch; the CLI supplies a bar or JSON lines."""
 
@@ -75,25 +99,7 @@ class JsonProgress(FetchProgress):
 
 class RichProgress(FetchProgress):
     def __init__(self, console: Console | None = None) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console or Console(stderr=True),
-            transient=False,
-        )
+        self.bar = _progress_bar(console, sources=False)
         self.task: Any = None
 
     def start(self, manifest: Manifest, dest: Path, done_bytes: int) -> None:
@@ -142,23 +148,7 @@ class DaemonProgress:
                 )
             return
         if self.bar is None:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TransferSpeedColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TextColumn("{task.fields[sources]}"),
-                console=Console(stderr=True),
-            )
+            self.bar = _progress_bar(None, sources=True)
             self.bar.start()
             self.task = self.bar.add_task(status["name"], total=status["size"], sources="")
         sources = " ".join(f"{k} {v / 2**20:.0f}M" for k, v in by.items() if v)

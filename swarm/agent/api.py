@@ -15,7 +15,7 @@ Served by the standard library's ``http.server``, a thread per request: the API 
 handful of requests per fetch from one local client, and aiohttp's import alone (its
 connector builds TLS contexts, loading the CA bundle) cost every node ~0.2 CPU-s at start,
 when a scale-out's nodes compete for their cores. Reads of the daemon's state run on its
-event loop (:func:`_on_loop`), as the reporter's do; a fetch request runs in the request's
+event loop (:meth:`ApiServer.on_loop`), as the reporter's do; a fetch request runs in the request's
 thread, as it ran in an executor before.
 """
 

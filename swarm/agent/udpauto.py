@@ -277,6 +277,13 @@ def auto_udp(
         count = manifest.layout.count
         start = (stripe_offset(node_id, count) - 1) % count if count else 0
         penalties = _Penalties()
+        far: dict[str, float] = {}  # holders whose connects showed them far (ms): probed once
+
+        def set_near(ip: str, seconds: float, how: str) -> None:
+            log.info("udp: %s is near (%s %.1f ms): TCP's", ip, how, seconds * 1e3)
+            penalties.add(ip, math.inf)
+            choice.backoff = PROBE_BACKOFF_CAP  # its neighbours are likely near too
+
         window = _RateWindow()  # TCP's bytes/s
 
         def tcp_bytes() -> int:
@@ -308,19 +315,19 @@ def auto_udp(
             if holder is None or not pieces:
                 choice.ended(now, choice.udp_rate, paid=False)
                 continue
-            rtt = connect_rtt(holder.ip, port)
-            if rtt is None:
-                log.info("udp: %s:%d refuses connections", holder.ip, port)
-                penalties.add(holder.ip)
-                choice.failed(time.monotonic())
-                continue
-            log.info("udp: %s answers a connect in %.1f ms", holder.ip, rtt * 1e3)
-            if rtt < NEAR_RTT:
-                log.info("udp: %s is near (connect %.1f ms): TCP's", holder.ip, rtt * 1e3)
-                penalties.add(holder.ip, math.inf)
-                choice.backoff = PROBE_BACKOFF_CAP
-                choice.ended(time.monotonic(), choice.udp_rate, paid=False)
-                continue
+            if holder.ip not in far:
+                rtt = connect_rtt(holder.ip, port)
+                if rtt is None:
+                    log.info("udp: %s:%d refuses connections", holder.ip, port)
+                    penalties.add(holder.ip)
+                    choice.failed(time.monotonic())
+                    continue
+                if rtt < NEAR_RTT:
+                    set_near(holder.ip, rtt, "connect")
+                    choice.ended(time.monotonic(), choice.udp_rate, paid=False)
+                    continue
+                log.info("udp: %s answers a connect in %.1f ms", holder.ip, rtt * 1e3)
+                far[holder.ip] = rtt
             pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
             udp_rate, paid = pull.run(choice)
             if pull.error is not None:
@@ -348,9 +355,7 @@ def auto_udp(
                     st.duplicates, st.block_size,
                 )  # fmt: skip
                 if st.min_rtt is not None and st.min_rtt < NEAR_RTT:
-                    log.info("udp: %s is near (rtt %.1f ms): TCP's", holder.ip, st.min_rtt * 1e3)
-                    penalties.add(holder.ip, math.inf)
-                    choice.backoff = PROBE_BACKOFF_CAP  # its neighbours are likely near too
+                    set_near(holder.ip, st.min_rtt, "rtt")
                     paid = False
             choice.ended(time.monotonic(), udp_rate, paid)
     except (KeyError, RuntimeError):

@@ -74,6 +74,13 @@ def backoff_delay(attempt: int, rng: random.Random) -> float:
     return rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
 
 
+def _http_response(body: Any) -> http.client.HTTPResponse | None:
+    """The ``http.client`` response under a botocore ``StreamingBody``, or None when the
+    body is something else (a test double, a directory artifact's spanning body)."""
+    fp = getattr(getattr(body, "_raw_stream", None), "_fp", None)
+    return fp if isinstance(fp, http.client.HTTPResponse) else None
+
+
 def _direct_readinto(body: Any) -> Callable[[memoryview], int] | None:
     """``readinto`` of the ``http.client`` response under a botocore ``StreamingBody``.
 
@@ -83,19 +90,16 @@ def _direct_readinto(body: Any) -> Callable[[memoryview], int] | None:
     ``http.client.HTTPResponse.readinto`` moves the bytes from the socket straight into
     our buffer and still enforces Content-Length (``IncompleteRead`` if the body is cut
     short). botocore asks urllib3 for undecoded bytes, so this reads the same bytes.
-    None when the body is something else (a test double): the caller uses ``read``.
+    None when the body is something else: the caller uses ``read``.
     """
-    fp = getattr(getattr(body, "_raw_stream", None), "_fp", None)
-    return fp.readinto if isinstance(fp, http.client.HTTPResponse) else None
+    response = _http_response(body)
+    return response.readinto if response is not None else None
 
 
 def _body_socket(body: Any) -> socket.socket | None:
-    """The TCP socket under a botocore ``StreamingBody`` (see :func:`_direct_readinto`),
-    or None (a test double, a body that is not plain ``http.client``)."""
-    fp = getattr(getattr(body, "_raw_stream", None), "_fp", None)
-    if not isinstance(fp, http.client.HTTPResponse):
-        return None
-    sock = getattr(getattr(fp.fp, "raw", None), "_sock", None)
+    """The TCP socket under a botocore ``StreamingBody``, or None."""
+    response = _http_response(body)
+    sock = getattr(getattr(response and response.fp, "raw", None), "_sock", None)
     return sock if isinstance(sock, socket.socket) else None
 
 

@@ -148,8 +148,6 @@ def test_a_few_fast_readers_do_not_make_all() -> None:
     what eight readers would get."""
     book = CapacityBook()
     eight = [f"n{i}" for i in range(8)]
-    _report(book, eight, down=300, up=100, peers=0)
-    book.allocation("ih", 280 * MBIT, readers=2, now=0.0)  # warm-up starts... no peers
     _report(book, eight, down=300, up=100, peers=40)
     assert book.allocation("ih", 280 * MBIT, readers=2, now=1.0) is None  # warming up
     plan = book.allocation("ih", 280 * MBIT, readers=2, now=1.0 + PEERS_WARMUP)
