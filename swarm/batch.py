@@ -51,14 +51,20 @@ def planned_batch(
     in_flight: set[int],
     offset: int,
     direct_budget: int = 0,
+    wide_limit: int | None = None,
 ) -> Batch:
     """The batch a coordinator's plan asks for.
 
     ALL: every missing piece (S3 feeds every node at link speed). STRIPE: the plan's
     stripe minus what is held, then up to ``direct_budget`` more pieces for this node
-    alone (the allocation's direct share, in :func:`wide_pieces` order); when neither is
+    alone (the allocation's direct share, in :func:`wide_pieces` order; at most
+    ``wide_limit`` of them per batch, as for WIDE); when neither is
     left and the plan says ``fill``, one rare piece (:data:`FILL_PIECES`). WIDE: the
-    stripe first, then every other missing piece in :func:`wide_pieces` order.
+    stripe first, then up to ``wide_limit`` other missing pieces (all of them if None)
+    in :func:`wide_pieces` order. A bounded batch lets the next plan narrow the node
+    again: a batch of everything missing (or of a whole direct share, planned from the
+    first seconds' rates) ran to its end whatever the coordinator said meanwhile.
+    WIDE's extra pieces count as direct (read for this node alone).
     """
     if plan.mode == Mode.ALL:
         return all_missing(missing)
@@ -67,7 +73,9 @@ def planned_batch(
         if direct_budget > 0:
             taken = set(stripe)
             order = wide_pieces(missing, availability, in_flight, direct_budget + len(taken))
-            extra = [p for p in order if p not in taken][:direct_budget]
+            extra = [p for p in order if p not in taken][
+                : min(direct_budget, wide_limit or direct_budget)
+            ]
             if extra:
                 return Batch(BatchKind.STRIPE, stripe + extra, direct=len(extra))
         if not stripe and plan.fill:
@@ -78,4 +86,5 @@ def planned_batch(
         return Batch(BatchKind.STRIPE, stripe)
     taken = set(stripe)
     slow = wide_pieces(missing, availability, in_flight, len(missing))
-    return Batch(BatchKind.WIDE, stripe + [p for p in slow if p not in taken])
+    extra = [p for p in slow if p not in taken][:wide_limit]
+    return Batch(BatchKind.WIDE, stripe + extra, direct=len(extra))

@@ -143,6 +143,7 @@ def read_origin(
                     in_flight(),
                     local.offset,
                     direct_budget=budget,
+                    wide_limit=batch_pieces,
                 )
             else:
                 pieces = local.choose(

@@ -628,6 +628,7 @@ def _plan_origin(
             up_rate=item.up_rate,
             now=now,
             interval=interval,
+            uploaded=item.uploaded,
         )
         if plan.rates is not None:
             rates.append(plan.rates)

@@ -1,10 +1,18 @@
 """The capacity snapshot the allocator works from, kept from the nodes' reports.
 
 Per artifact, each reporting node's link estimates: its download capacity is the peak
-of its total download rate (all sources), its upload capacity the peak of its upload
-rate, or its download capacity while it has not uploaded at full rate yet (cloud links
-are symmetric far more often than not; a node whose uploads prove slow is caught by the
-node's own WIDE switch, :func:`swarm.policy.decide`).
+of its total download rate (all sources); its upload capacity the peak of its upload
+rate over a report interval once uploads have shown to be the limit, else its download
+capacity (cloud links are symmetric far more often than not).
+
+Uploads show their limit when peers hold a backlog for the node (pieces it lacks, at
+least ``BACKLOG_SECONDS`` of its download capacity) and do not send them faster: the
+mixed fleet (100 Mbit up, 300 down) then gets the direct share its uploads cannot relay.
+Taking the download capacity there planned stripes alone; every node went WIDE on its
+own and the origin sent each piece seven times. Without a backlog uploads are limited by
+what there is to send, not by the link: where the origin is the bottleneck a node
+relays fresh pieces as fast as they come, and its upload peak (at times under what the
+plan needs to stripe) would have the plan read pieces from S3 again (origin B/F 1.2-1.4).
 
 S3's aggregate rate is the per-reader estimate times the readers, or unlimited while S3
 gives a reader about all the node can take and at least what the swarm gives a node. A
@@ -54,12 +62,20 @@ half of every node's bytes read again). Being wrong that way costs up to N reads
 object; waiting costs two seconds of stripes, which read distinct pieces at full width."""
 
 
+BACKLOG_SECONDS: Final = 1.0
+"""Peers hold at least this many seconds of a node's download capacity that it lacks:
+what they send it is limited by their uploads (see the module docstring)."""
+
+
 @dataclass
 class _Link:
     down: float
     up: float
+    """Upload capacity (see the module docstring)."""
     peers: float
     """The node's current download rate from peers."""
+    upload_bound: bool = False
+    """Peers have held a backlog for the node (its upload peak is a capacity)."""
 
 
 @dataclass
@@ -92,7 +108,9 @@ class CapacityBook:
         up_peak: float,
         peers: float,
         complete: bool,
+        backlog: int = 0,
     ) -> None:
+        """Record one node's report. ``backlog``: bytes that peers hold and it lacks."""
         art = self._artifacts.get(info_hash)
         if art is None:
             art = self._artifacts[info_hash] = _Artifact(size)
@@ -108,7 +126,12 @@ class CapacityBook:
                 # fetched alone and left ALL behind; the far nodes then read everything
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
-            art.links[node] = _Link(down_peak, up_peak, peers)
+            previous = art.links.get(node)
+            shown = (previous is not None and previous.upload_bound) or (
+                backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
+            )
+            up = up_peak if shown else max(up_peak, down_peak)
+            art.links[node] = _Link(down_peak, up, peers, shown)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -136,6 +159,11 @@ class CapacityBook:
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             art.allocation, art.bound = allocate(snap), bound(snap)
         return art.allocation
+
+    def last(self, info_hash: str) -> Allocation | None:
+        """The artifact's allocation as last computed (None before the first)."""
+        art = self._artifacts.get(info_hash)
+        return art.allocation if art is not None else None
 
     def describe(self, info_hash: str) -> dict[str, object] | None:
         """The last allocation and the bound it was computed against (fleet view)."""
@@ -178,7 +206,13 @@ def snapshot(
     if not fetching or not swarm_shown:
         return None
     down = statistics.median(link.down for link in fetching)
-    up = statistics.fmean(max(link.up, link.down) for link in fetching)
+    # What peers deliver was uploaded by someone: a floor for the fleet's uploads where
+    # a node's counter is missing or lags (seeders' part aside). Taken too low, upload
+    # capacity makes S3 look like the only source, and every node would read it all.
+    up = max(
+        statistics.fmean(link.up for link in fetching),
+        statistics.fmean(link.peers for link in fetching),
+    )
     if origin_rate is not None:
         origin = origin_rate
     elif not s3_per_reader or s3_per_reader <= 0:

@@ -185,6 +185,10 @@ class ArtifactReport:
     pieces: bytes | None = None
     """Optional: the pieces held, as a BitTorrent bitfield (piece 0 = high bit of byte 0);
     with ``piece_size`` and ``piece_count`` it lets the coordinator stripe origin reads."""
+    uploaded: int | None = None
+    """Optional: payload bytes uploaded to peers so far (a counter). The coordinator
+    measures the node's upload capacity from it; ``up_rate`` is libtorrent's 5-second
+    average, which takes seconds to show a saturated uplink."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -1050,6 +1054,7 @@ def _artifact(value: object, where: str) -> ArtifactReport:
         piece_size=piece_size,
         piece_count=piece_count,
         pieces=pieces,
+        uploaded=None if body.get("uploaded") is None else _nonneg_int(body, "uploaded", where),
     )
 
 

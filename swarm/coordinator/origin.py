@@ -141,6 +141,9 @@ class NodeRates:
     down: dict[str, float] = field(default_factory=dict)
     up: float = 0.0
     up_peak: float = 0.0
+    """Peak upload rate over one report interval: the node's upload capacity as far as
+    it has shown it (from its ``uploaded`` counter; from libtorrent's rate for a node
+    that does not send one)."""
     down_peak: float = 0.0
     """Peak of the total download rate (every source): the node's download capacity as
     far as it has shown it."""
@@ -148,6 +151,8 @@ class NodeRates:
     """Bytes/s the node received from every source over the last report interval alone
     (not averaged; -1: no interval yet). A node that S3 and peers both left idle shows
     here at once, while the peers' EMA takes seconds to decay."""
+    uploaded: int = -1
+    """The node's upload counter as of this report (-1: it sends none)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -158,6 +163,7 @@ class NodeRates:
             "up_peak": self.up_peak,
             "down_peak": self.down_peak,
             "received_now": self.received_now,
+            "uploaded": self.uploaded,
         }
 
     @classmethod
@@ -170,15 +176,31 @@ class NodeRates:
             float(data["up_peak"]),  # type: ignore[arg-type]
             float(data.get("down_peak", 0.0)),  # type: ignore[arg-type]
             float(data.get("received_now", -1.0)),  # type: ignore[arg-type]
+            int(data.get("uploaded", -1)),  # type: ignore[call-overload]
         )
 
 
+MIN_PEAK_INTERVAL: Final = 0.5
+"""Seconds a report interval must span for its upload rate to count as a peak: the
+interval is timed on arrival, and two reports close together (one delayed in transit,
+the next on time) would show bytes of a second as sent in a fraction of one."""
+
+
 def update_rates(
-    previous: NodeRates | None, counters: dict[str, int], up_rate: float, now: float
+    previous: NodeRates | None,
+    counters: dict[str, int],
+    up_rate: float,
+    now: float,
+    uploaded: int | None = None,
 ) -> NodeRates:
-    """The node's rates after a report with cumulative ``counters`` at ``now``."""
+    """The node's rates after a report with cumulative ``counters`` (and ``uploaded``)
+    at ``now``."""
+    sent = -1 if uploaded is None else uploaded
     if previous is None:
-        return NodeRates(now, dict(counters), {s: 0.0 for s in counters}, up_rate, up_rate)
+        peak = up_rate if uploaded is None else 0.0
+        return NodeRates(
+            now, dict(counters), {s: 0.0 for s in counters}, up_rate, peak, uploaded=sent
+        )
     dt = now - previous.at
     down = dict(previous.down)
     samples: dict[str, float] = {}
@@ -186,14 +208,21 @@ def update_rates(
         samples[source] = rate(previous.counters.get(source, 0), total, dt)
         down[source] = ema(down.get(source), samples[source], dt)
     up = ema(previous.up, up_rate, dt)
+    if uploaded is None or previous.uploaded < 0:
+        up_sample = up_rate  # libtorrent's own average: slow to rise, never too high
+    elif dt >= MIN_PEAK_INTERVAL:
+        up_sample = rate(previous.uploaded, uploaded, dt)
+    else:
+        up_sample = 0.0
     return NodeRates(
         max(previous.at, now),
         dict(counters),
         down,
         up,
-        max(previous.up_peak, up),
+        max(previous.up_peak, up_sample),
         max(previous.down_peak, sum(down.values())),
         sum(samples.values()) if dt > 0 else previous.received_now,
+        sent,
     )
 
 
@@ -578,13 +607,16 @@ class StripePlanner:
         up_rate: float,
         now: float,
         interval: float = 1.0,
+        uploaded: int | None = None,
     ) -> OriginPlan:
         """Record ``node``'s report for one artifact; return its stripe and mode.
-        ``interval``: the report interval the node was told (stalls scale with it)."""
+        ``interval``: the report interval the node was told (stalls scale with it);
+        ``uploaded``: the node's upload counter, if it sends one."""
         view = self.state.load(node, info_hash, piece_size, count)
         if view is None:  # past the state's bounds: the node decides alone
             return OriginPlan([], Mode.STRIPE, None)
-        rates = update_rates(view.rates, counters, up_rate, now)
+        rates = update_rates(view.rates, counters, up_rate, now, uploaded)
+        backlog = ((view.union | held) & ~held).bit_count() * piece_size
         self.capacity.update(
             node,
             info_hash,
@@ -593,6 +625,7 @@ class StripePlanner:
             up_peak=rates.up_peak,
             peers=rates.down.get("peers", 0.0),
             complete=complete,
+            backlog=backlog,
         )
         # the readers' S3 rates, this node's as of this report
         s3 = {n: r for n, r in view.reader_s3}
@@ -621,15 +654,22 @@ class StripePlanner:
                 )
             )
             return OriginPlan([], Mode.STRIPE, None, rates=rates)
-        backlog = ((view.union | held) & ~held).bit_count() * piece_size
         peers = rates.down.get("peers", 0.0)
         # What peers deliver. A node that received nothing at all in the last interval
         # (its stripe done, its uploaders gone WIDE or CPU-starved: the s3-fast fleet sat
         # 3 s so) gets nothing from them, whatever the EMA still remembers; a node that
         # reads its stripe meanwhile is judged on the EMA (peers ramp up at the start,
         # and widening then only loads the origin: the mixed fleet's origin sent 6 F).
-        delivered = 0.0 if rates.received_now == 0.0 else peers
+        stalled = rates.received_now == 0.0
+        delivered = 0.0 if stalled else peers
         state = decide(view.mode or MixState(), delivered, estimate, backlog, now)
+        if state.mode is Mode.WIDE and not stalled and self.capacity.last(info_hash) is not None:
+            # Once the fleet has an allocation, its direct share is what S3 gives a node
+            # besides its stripe: WIDE reads from every node at once take the shared
+            # origin from the stripes and from each other (the mixed fleet widened one
+            # node after another and its origin sent each piece seven times). A node
+            # that received nothing at all still widens.
+            state = MixState(Mode.STRIPE)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))
         done = self.state.commit(

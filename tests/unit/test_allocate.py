@@ -93,19 +93,21 @@ def _report(
     up: float,
     peers: float,
     complete: bool = False,
+    backlog: int = 0,
 ) -> None:
-    """Each of ``names`` reports its link peaks and peer rate (Mbit/s) for one artifact."""
+    """Each of ``names`` reports its link peaks and peer rate (Mbit/s) for one artifact,
+    and the bytes peers hold that it lacks."""
     for name in names:
         book.update(
             name, "ih", F, down_peak=down * MBIT, up_peak=up * MBIT, peers=peers * MBIT,
-            complete=complete,
+            complete=complete, backlog=backlog,
         )  # fmt: skip
 
 
 def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     book = CapacityBook()
     six = [f"n{i}" for i in range(6)]
-    _report(book, six, down=250, up=0, peers=80)
+    _report(book, six, down=250, up=80, peers=80)
     # S3 gives each reader more than peers give a node: S3 is not the limit, once the
     # swarm had PEERS_WARMUP seconds to show its rate (before, a reader's peak is its
     # S3 rate and peers have little to give, in every shape)
@@ -131,7 +133,7 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     book3 = CapacityBook()
     book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
     assert book3.allocation("ih", MBIT, readers=1, now=5 * PEERS_WARMUP) is None
-    _report(book, six, down=250, up=0, peers=0)
+    _report(book, six, down=250, up=80, peers=0)  # up: the peak they have shown
     assert book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP + 1.5) == plan_all
     # ...but when every node reading S3 saturates it (a reader gets a fifth of its link),
     # the origin is the limit after all: no more ALL
@@ -171,3 +173,36 @@ def test_a_new_cohort_warms_up_again():
     _report(book, [f"n{i}" for i in range(4)], down=2, up=0, peers=0)
     assert book.allocation("ih", 2 * MBIT, readers=4, now=100.0) is None
     assert book.describe("ih") is None
+
+
+def test_slow_uploads_shown_get_their_direct_share() -> None:
+    """The mixed fleet: nodes take 300 Mbit but send 100. With their upload peaks the
+    book plans the direct share the uploads cannot relay (as the allocator does from the
+    scenario's capacities); counting uploads as fast as downloads planned stripes alone,
+    and every node then widened on its own."""
+    book = CapacityBook()
+    eight = [f"n{i}" for i in range(8)]
+    # peers hold 64 MiB each node lacks (over a second of its 300 Mbit) and send 90
+    _report(book, eight, down=300, up=100, peers=90, backlog=64 << 20)
+    assert book.allocation("ih", 50 * MBIT, readers=8, now=0.0) is None  # warming up
+    plan = book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP)
+    expected = allocate(snap("mixed"))
+    assert plan is not None and plan.mode is Mode.MIX
+    assert plan.direct == pytest.approx(expected.direct, abs=0.05)
+    # a node whose counter says nothing yet: what peers receive came from uploads
+    book2 = CapacityBook()
+    _report(book2, eight, down=300, up=0, peers=90, backlog=64 << 20)
+    book2.allocation("ih", 50 * MBIT, readers=8, now=0.0)
+    plan = book2.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP)
+    assert plan is not None and plan.mode is not Mode.ALL and plan.direct < 0.5
+    # no backlog: the uploads sent all there was to send (the origin-bound fleet relays
+    # each fresh piece at once), so their peak says nothing of the link: stripes
+    book3 = CapacityBook()
+    _report(book3, eight, down=200, up=70, peers=80, backlog=4 << 20)
+    book3.allocation("ih", 12 * MBIT, readers=8, now=0.0)
+    plan = book3.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.STRIPE
+    # a backlog once shown is remembered while the node fetches
+    _report(book, eight, down=300, up=100, peers=90, backlog=0)
+    plan = book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP + 1)
+    assert plan is not None and plan.mode is Mode.MIX

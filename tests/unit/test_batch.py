@@ -31,3 +31,15 @@ def test_direct_share_is_read_from_the_plan_and_bounded() -> None:
     assert OriginPlan.from_json({"mode": "stripe", "direct": 7}).direct == 1.0  # type: ignore[union-attr]
     assert OriginPlan.from_json({"mode": "stripe", "direct": "x"}).direct == 0.0  # type: ignore[union-attr]
     assert OriginPlan.from_json({"mode": "all"}).mode == "all"  # type: ignore[union-attr]
+
+
+def test_wide_takes_the_stripe_then_a_bounded_batch_counted_as_direct() -> None:
+    """WIDE reads the stripe, then other missing pieces in WIDE order, at most
+    ``wide_limit`` of them: the next plan can narrow the node again (a batch of
+    everything missing ran to its end whatever the coordinator said meanwhile)."""
+    plan = OriginPlan(stripe=(4, 5), mode="wide")
+    batch = planned_batch(plan, MISSING, set(), AVAILABILITY, set(), 0, wide_limit=3)
+    assert batch.kind is BatchKind.WIDE
+    assert batch.pieces == [4, 5, 8, 3, 2] and batch.direct == 3
+    everything = planned_batch(plan, MISSING, set(), AVAILABILITY, set(), 0)
+    assert sorted(everything.pieces) == MISSING and everything.direct == 8

@@ -14,7 +14,7 @@ from swarm.agent.hybrid import (
     wide_pieces,
 )
 from swarm.coordinator.capacity import PEERS_WARMUP
-from swarm.coordinator.origin import StripePlanner, bits
+from swarm.coordinator.origin import MIN_PEAK_INTERVAL, StripePlanner, bits, update_rates
 from swarm.policy import (
     HOLD_SECONDS,
     MixState,
@@ -276,3 +276,51 @@ def test_s3_capacity_holds_a_higher_rate_and_lets_it_decay():
     # readers slowing at the end of a fetch: the estimate halves every 10 s, no faster
     assert s3_capacity(16.0, 1.0, 10.0) == pytest.approx(8.0)
     assert s3_capacity(16.0, None, 20.0) == pytest.approx(4.0)
+
+
+def test_an_allocation_replaces_widening_unless_the_node_stalls():
+    """Once the fleet has an allocation, a slow swarm no longer widens a node that still
+    receives: its direct share is what S3 gives it besides the stripe (the mixed fleet
+    widened node after node, and its origin sent each piece seven times). A node that
+    received nothing at all over an interval still widens."""
+    planner = StripePlanner(stripe_bytes=32 * MiB)
+    _plan(planner, "a", now=0.0)
+    _plan(planner, "b", now=0.0)
+    _plan(planner, "c", now=0.0)
+    for t in range(1, 5):  # as in the fill test: an allocation with a direct share
+        got = (1 << (6 * t)) - 1
+        _plan(planner, "a", held=got, now=t, s3=8 * MiB * t, peers=4 * MiB * t)
+        _plan(planner, "b", held=got << 32, now=t, s3=8 * MiB * t, peers=4 * MiB * t)
+        c = _plan(planner, "c", held=got | got << 32, now=t, peers=12 * MiB * t)
+    assert c.direct > 0 and planner.capacity.last("ab" * 20) is not None
+    # a and b finish their halves; c's peers slow to a crawl while they hold much
+    # that it lacks: without the allocation, decide() would widen it after HOLD_SECONDS
+    _plan(planner, "a", held=(1 << 32) - 1, now=5, s3=40 * MiB, peers=20 * MiB)
+    _plan(planner, "b", held=((1 << 32) - 1) << 32, now=5, s3=40 * MiB, peers=20 * MiB)
+    held = (1 << 24) - 1 | ((1 << 24) - 1) << 32
+    peers = 48 * MiB
+    for t in range(5, 15):  # the peers' EMA falls under WIDEN_RATIO of S3 by t = 8
+        peers += MiB // 4
+        c = _plan(planner, "c", held=held, now=t, peers=peers)
+        assert c.mode is not Mode.WIDE, t
+    # then nothing at all for two intervals: it widens
+    for t in (15, 16, 17):
+        c = _plan(planner, "c", held=held, now=t, peers=peers)
+    assert c.mode is Mode.WIDE
+
+
+def test_upload_peak_comes_from_the_upload_counter():
+    """A node's upload capacity is its fastest report interval by its ``uploaded``
+    counter (libtorrent's own rate is a 5-second average: 12.5 MB/s shows as 4.5 after
+    two seconds); an interval under MIN_PEAK_INTERVAL (timed on arrival) is no sample."""
+    first = update_rates(None, {"peers": 0}, 0.0, 0.0, uploaded=0)
+    assert first.up_peak == 0.0
+    one = update_rates(first, {"peers": 0}, 1e6, 1.0, uploaded=12 * MiB)
+    assert one.up_peak == pytest.approx(12 * MiB)
+    short = update_rates(one, {"peers": 0}, 1e6, 1.0 + MIN_PEAK_INTERVAL / 2, uploaded=24 * MiB)
+    assert short.up_peak == pytest.approx(12 * MiB)  # 48 MiB/s over a quarter second: no
+    later = update_rates(short, {"peers": 0}, 1e6, 2.5, uploaded=30 * MiB)
+    assert later.up_peak == pytest.approx(12 * MiB)  # slower: the peak stands
+    # without a counter (an older node), libtorrent's rate
+    old = update_rates(update_rates(None, {}, 3e6, 0.0), {}, 5e6, 1.0)
+    assert old.up_peak == 5e6 and old.uploaded == -1

@@ -358,7 +358,8 @@ def test_parse_report_accepts_the_documented_shape() -> None:
     (item,) = report.artifacts
     assert item.info_hash == HEX
     assert item.bytes_by_source == {"peers": 100, "s3": 150, "udp": 0}
-    assert item.down_rate == 2.5e6 and item.elapsed is None
+    assert item.down_rate == 2.5e6 and item.elapsed is None and item.uploaded is None
+    assert parse_report(payload(uploaded=7)).artifacts[0].uploaded == 7
     assert parse_report({**payload(), "addr": "[::1]:7000"}).addr == "[::1]:7000"
 
 
@@ -385,6 +386,8 @@ def test_parse_report_accepts_the_documented_shape() -> None:
         (payload(down_rate=-1), "down_rate must be a non-negative number"),
         (payload(up_rate=float("nan")), "up_rate must be"),
         (payload(up_rate=None), "up_rate must be"),
+        (payload(uploaded=-1), "uploaded must be a non-negative integer"),
+        (payload(uploaded=2.5), "uploaded must be"),
         (payload(name=None), "name must be a string"),
         (payload(elapsed="1s"), "elapsed must be"),
         (payload(size=2**63), "size must be a non-negative integer below 2"),
