@@ -180,6 +180,10 @@ class NodeRates:
         )
 
 
+STARVED_SHARE: Final = 0.1
+"""A node that received less than this share of its download capacity (its peak) over
+the last report interval is starved: it may widen even under an allocation."""
+
 MIN_PEAK_INTERVAL: Final = 0.5
 """Seconds a report interval must span for its upload rate to count as a peak: the
 interval is timed on arrival, and two reports close together (one delayed in transit,
@@ -663,12 +667,15 @@ class StripePlanner:
         stalled = rates.received_now == 0.0
         delivered = 0.0 if stalled else peers
         state = decide(view.mode or MixState(), delivered, estimate, backlog, now)
-        if state.mode is Mode.WIDE and not stalled and self.capacity.last(info_hash) is not None:
+        starved = stalled or 0.0 <= rates.received_now < STARVED_SHARE * rates.down_peak
+        if state.mode is Mode.WIDE and not starved and self.capacity.last(info_hash) is not None:
             # Once the fleet has an allocation, its direct share is what S3 gives a node
             # besides its stripe: WIDE reads from every node at once take the shared
             # origin from the stripes and from each other (the mixed fleet widened one
             # node after another and its origin sent each piece seven times). A node
-            # that received nothing at all still widens.
+            # that receives next to nothing still widens: the mixed fleet's peer
+            # exchange once stalled for 20 s (a trickle from peers, until libtorrent's
+            # requests timed out), and without WIDE the run took 5x T*.
             state = MixState(Mode.STRIPE)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))

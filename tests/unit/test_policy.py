@@ -282,7 +282,7 @@ def test_an_allocation_replaces_widening_unless_the_node_stalls():
     """Once the fleet has an allocation, a slow swarm no longer widens a node that still
     receives: its direct share is what S3 gives it besides the stripe (the mixed fleet
     widened node after node, and its origin sent each piece seven times). A node that
-    received nothing at all over an interval still widens."""
+    receives next to nothing (a stalled exchange) still widens."""
     planner = StripePlanner(stripe_bytes=32 * MiB)
     _plan(planner, "a", now=0.0)
     _plan(planner, "b", now=0.0)
@@ -299,12 +299,13 @@ def test_an_allocation_replaces_widening_unless_the_node_stalls():
     _plan(planner, "b", held=((1 << 32) - 1) << 32, now=5, s3=40 * MiB, peers=20 * MiB)
     held = (1 << 24) - 1 | ((1 << 24) - 1) << 32
     peers = 48 * MiB
-    for t in range(5, 15):  # the peers' EMA falls under WIDEN_RATIO of S3 by t = 8
-        peers += MiB // 4
+    for t in range(5, 20):  # the peers' EMA falls under WIDEN_RATIO of S3 by t = 10
+        peers += MiB  # yet above STARVED_SHARE of c's download peak (9.3 MB/s)
         c = _plan(planner, "c", held=held, now=t, peers=peers)
         assert c.mode is not Mode.WIDE, t
-    # then nothing at all for two intervals: it widens
-    for t in (15, 16, 17):
+    # then a trickle (under STARVED_SHARE of its peak) for two intervals: it widens
+    for t in (20, 21, 22):
+        peers += MiB // 4
         c = _plan(planner, "c", held=held, now=t, peers=peers)
     assert c.mode is Mode.WIDE
 
