@@ -27,6 +27,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import secrets
 import signal
@@ -70,6 +71,11 @@ AUTO_UDP = "udp-auto"
 ``udp://HOST:PORT``."""
 
 WATCH_INTERVAL = 2.0
+
+REANNOUNCE_GAP = 2.0
+"""Least seconds between announces forced by new fleet members: a scale-out of a
+thousand nodes changes the membership at every report, and each change must not cost
+the tracker an announce per node (at most one per node every two seconds)."""
 """Seconds between checks that every seeded file is still the one verified."""
 
 DAEMON_SDK_ATTEMPTS = 3
@@ -132,6 +138,9 @@ class Daemon:
         self.start_asg: Callable[[str], object] = lambda group: None
         self.asg_groups: set[str] = set()
         self.extra_peers: list[tuple[str, int]] = []
+        self._admitted: set[str] = set()
+        self._reannounce: threading.Timer | None = None
+        self._reannounced_at = -math.inf
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
@@ -540,6 +549,30 @@ class Daemon:
             allowed = {str(m) for m in members} | {ip for ip, _ in self.extra_peers}
             allowed.add(self.listen_ip)
             self.session.admit_only(sorted(allowed))
+            # libtorrent drops a peer its filter blocked (from the tracker's list, or
+            # dialling in) and tries it again only after the next announce, 30 s on:
+            # nodes of a scale-out announce before the coordinator names them members,
+            # and the mixed fleet ran as a star around its last node for those 30 s
+            # (every other node had one peer). Newly admitted members are asked for
+            # again: an announce now, or REANNOUNCE_GAP seconds after the last one.
+            added = allowed - self._admitted
+            self._admitted = allowed
+            if added:
+                self._announce_soon()
+
+    def _announce_soon(self) -> None:
+        with self._lock:
+            if self._reannounce is not None:
+                return  # one is due already: it will see the newest members
+            wait = max(0.0, REANNOUNCE_GAP - (time.monotonic() - self._reannounced_at))
+            self._reannounce = threading.Timer(wait, self._announce_now)
+            self._reannounce.daemon = True
+            self._reannounce.start()
+
+    def _announce_now(self) -> None:
+        with self._lock:
+            self._reannounce, self._reannounced_at = None, time.monotonic()
+        self.session.reannounce()
 
     def take_plans(self, plans: dict[str, Any], interval: float = 1.0) -> None:
         """Take the coordinator's plans; one stays fresh for three report intervals (the
@@ -561,6 +594,9 @@ class Daemon:
         }
 
     def close(self) -> None:
+        with self._lock:
+            if self._reannounce is not None:
+                self._reannounce.cancel()
         for artifact in self.artifacts.values():
             artifact.cancel.set()
         self.session.close(timeout=STOP_BUDGET / 2)

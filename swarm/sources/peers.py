@@ -340,6 +340,12 @@ class TorrentSession:
             rules.add_rule(address, address, 0)
         self.session.set_ip_filter(rules)
 
+    def reannounce(self) -> None:
+        """Announce every torrent now, for a fresh peer list (see ``Daemon.take_members``)."""
+        for state in list(self.torrents.values()):
+            with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
+                state.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
+
     def save_resume(self, info_hash: str, flush: bool = False) -> None:
         state = self.torrents[info_hash]
         state.resume_saved.clear()

@@ -3,8 +3,12 @@ the round-trip probe it makes before a session, on real sockets."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 
+import pytest
+
+from swarm.agent import udpauto
 from swarm.agent.udpauto import (
     NEAR_RTT,
     PROBE_BACKOFF,
@@ -17,6 +21,7 @@ from swarm.agent.udpauto import (
     batch_pieces,
     best_holder,
     connect_rtt,
+    handshake_rtt,
 )
 
 MiB = 1 << 20
@@ -112,3 +117,26 @@ def test_connect_rtt_times_a_real_listener_and_says_none_for_a_closed_port() -> 
         closed.bind(("127.0.0.1", 0))
         free_port = closed.getsockname()[1]  # bound, never listening: connects are refused
         assert connect_rtt("127.0.0.1", free_port, timeout=0.5) is None
+
+
+def test_connect_rtt_leaves_out_a_late_wake_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round trip is the kernel's handshake time (TCP_INFO), not the connect's wall
+    time: a node that wakes a second late after its connect (its clock is made to jump
+    here) still finds a loopback holder near."""
+    ticks = itertools.count()
+
+    class LateClock:
+        @staticmethod
+        def monotonic() -> float:
+            return float(next(ticks))  # a second passes between any two readings
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            kernel = handshake_rtt(sock)
+        monkeypatch.setattr(udpauto, "time", LateClock)
+        rtt = connect_rtt("127.0.0.1", port, tries=1)
+    assert kernel is not None and 0 < kernel < NEAR_RTT
+    assert rtt is not None and rtt < NEAR_RTT

@@ -1,0 +1,87 @@
+"""A daemon in an authenticated fleet announces again when the coordinator names new
+members (swarm/agent/daemon.py, ``Daemon.take_members``): libtorrent drops a peer that
+its filter blocked, and would try it again only at its next announce."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import fastbencode
+import pytest
+
+from swarm.agent.daemon import REANNOUNCE_GAP, Daemon
+from swarm.config import Settings
+from swarm.manifest import Manifest
+from tests.servers import free_port, wait_until
+
+MiB = 1 << 20
+
+
+class Tracker:
+    """A real HTTP tracker that answers every announce with no peers and an interval of
+    half an hour, and notes when each came."""
+
+    def __init__(self) -> None:
+        self.announces: list[float] = []
+        tracker = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                tracker.announces.append(time.monotonic())
+                body = fastbencode.bencode({b"interval": 1800, b"peers": b""})
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def tracker() -> Iterator[Tracker]:
+    server = Tracker()
+    yield server
+    server.close()
+
+
+def test_new_members_make_the_daemon_announce_again(tmp_path: Path, tracker: Tracker) -> None:
+    source = tmp_path / "a.bin"
+    source.write_bytes(bytes(range(256)) * (4 * MiB // 256))
+    manifest = Manifest.from_file(
+        source, name="a.bin", piece_size=MiB, bucket="b", key="k", web_seed=None
+    )
+    settings = Settings(home=tmp_path / "home", coordinator=tracker.url, secret="s" * 32)
+    daemon = Daemon(settings, "127.0.0.1", free_port())
+    try:
+        daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers"})
+        wait_until(lambda: len(tracker.announces) >= 1, 10, "the first announce")
+        first = len(tracker.announces)
+        daemon.take_members(["127.0.0.20"])  # a member: announce now
+        wait_until(lambda: len(tracker.announces) > first, 5, "an announce for a new member")
+        again = len(tracker.announces)
+        daemon.take_members(["127.0.0.20"])  # the same list: nothing to ask for
+        daemon.take_members(["127.0.0.20", "127.0.0.21", "127.0.0.22"])  # two more, at once
+        daemon.take_members(["127.0.0.20", "127.0.0.21", "127.0.0.22", "127.0.0.23"])
+        time.sleep(REANNOUNCE_GAP / 2)
+        assert len(tracker.announces) == again  # within the gap: one announce, later
+        wait_until(
+            lambda: len(tracker.announces) == again + 1, REANNOUNCE_GAP + 5, "one more announce"
+        )
+        time.sleep(1.0)
+        assert len(tracker.announces) == again + 1
+    finally:
+        daemon.close()
