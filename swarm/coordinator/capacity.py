@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from swarm.coordinator.allocate import Allocation, Snapshot, allocate, bound
+from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
 
 SNAPSHOT_PERIOD: Final = 1.0
 """Seconds an artifact's allocation is reused before it is recomputed from the book."""
@@ -67,6 +67,12 @@ BACKLOG_SECONDS: Final = 1.0
 what they send it is limited by their uploads (see the module docstring)."""
 
 
+DIRECT_HOLD: Final = SNAPSHOT_PERIOD
+"""Seconds a direct share must last (two snapshots) before nodes read it: a node reads
+its share at once and for good, and a share that one snapshot's noise brought
+(origin-bound at the edge of MIX: 5% for one second) cost the origin 0.2-0.4 F."""
+
+
 @dataclass
 class _Link:
     down: float
@@ -89,6 +95,13 @@ class _Artifact:
     at: float = -math.inf
     peers_since: float | None = None
     """When a fetching node was first seen receiving from peers."""
+    mix_since: float | None = None
+    """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
+    origin_peak: float = 0.0
+    """The most S3 gave all its readers together (the sum of their rates) this cohort:
+    what the origin can give at least. The per-reader rate times the readers of the
+    moment falls with the readers, and the plan then saw no S3 capacity because it had
+    put the nodes on peers (slow-uploads: stripes alone, 4.5x T*)."""
 
 
 class CapacityBook:
@@ -126,12 +139,19 @@ class CapacityBook:
                 # fetched alone and left ALL behind; the far nodes then read everything
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
+                art.origin_peak = 0.0
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
             )
             up = up_peak if shown else max(up_peak, down_peak)
             art.links[node] = _Link(down_peak, up, peers, shown)
+
+    def note_origin(self, info_hash: str, aggregate: float) -> None:
+        """What S3 gives its readers together now (bytes/s), for the origin's peak."""
+        art = self._artifacts.get(info_hash)
+        if art is not None:
+            art.origin_peak = max(art.origin_peak, aggregate)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -155,10 +175,23 @@ class CapacityBook:
             readers,
             self.origin_rate,
             swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
+            origin_peak=art.origin_peak,
         )
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             art.allocation, art.bound = allocate(snap), bound(snap)
+            if art.allocation.direct <= 0 or art.allocation.mode is not Mode.MIX:
+                art.mix_since = None
+            elif art.mix_since is None:
+                art.mix_since = now
         return art.allocation
+
+    def direct_share(self, info_hash: str, now: float) -> float:
+        """The allocation's direct share once it has held for :data:`DIRECT_HOLD`
+        seconds, else 0."""
+        art = self._artifacts.get(info_hash)
+        if art is None or art.allocation is None or art.mix_since is None:
+            return 0.0
+        return art.allocation.direct if now - art.mix_since >= DIRECT_HOLD else 0.0
 
     def last(self, info_hash: str) -> Allocation | None:
         """The artifact's allocation as last computed (None before the first)."""
@@ -198,10 +231,11 @@ def snapshot(
     readers: int,
     origin_rate: float | None = None,
     swarm_shown: bool = True,
+    origin_peak: float = 0.0,
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
-    something)."""
+    something); ``origin_peak``: the most S3 gave its readers together so far."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
         return None
@@ -219,7 +253,7 @@ def snapshot(
         return None
     elif s3_per_reader < LINK_SHARE * down:
         # a reader gets well below what nodes have shown they can take: S3 is the limit
-        origin = s3_per_reader * max(1, readers)
+        origin = max(s3_per_reader * max(1, readers), origin_peak)
     elif s3_per_reader >= S3_AS_FAST * statistics.median(
         link.peers for link in fetching
     ) and s3_per_reader * readers >= LINK_SHARE * down * len(fetching):
@@ -233,5 +267,5 @@ def snapshot(
         # everything: origin 6-7 F, 3 x T*).
         origin = math.inf
     else:
-        origin = s3_per_reader * max(1, readers)
+        origin = max(s3_per_reader * max(1, readers), origin_peak)
     return Snapshot(size, len(fetching), down, up, origin, sum(seeders))

@@ -635,6 +635,7 @@ class StripePlanner:
         s3 = {n: r for n, r in view.reader_s3}
         if node in s3:
             s3[node] = rates.down.get("s3", 0.0)
+        self.capacity.note_origin(info_hash, sum(s3.values()))
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0
@@ -710,7 +711,7 @@ class StripePlanner:
             if allocation is not None and allocation.mode is AllocationMode.ALL:
                 mode = Mode.ALL
             elif allocation is not None and mode is Mode.STRIPE:
-                direct = allocation.direct
+                direct = self.capacity.direct_share(info_hash, now)
             if allocation is None or allocation.mode is AllocationMode.STRIPE:
                 # Fill reads only where the allocation found S3 capacity beyond the
                 # stripes: where the origin is the bottleneck, or before the rates can

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
-from swarm.coordinator.capacity import PEERS_WARMUP, CapacityBook
+from swarm.coordinator.capacity import DIRECT_HOLD, PEERS_WARMUP, CapacityBook
 from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
@@ -206,3 +206,43 @@ def test_slow_uploads_shown_get_their_direct_share() -> None:
     _report(book, eight, down=300, up=100, peers=90, backlog=0)
     plan = book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP + 1)
     assert plan is not None and plan.mode is Mode.MIX
+
+
+def test_the_origin_keeps_the_most_it_gave_its_readers_together() -> None:
+    """slow-uploads: 8 readers took 1000 Mbit together while striping; once the plan
+    put the nodes on peers, one reader at a time is left, and the per-reader rate times
+    one reader made the origin look like 100 Mbit: stripes alone (4.5x T*)."""
+    eight = [f"n{i}" for i in range(8)]
+
+    def plan(book: CapacityBook):
+        _report(book, eight, down=400, up=20, peers=20, backlog=64 << 20)
+        book.allocation("ih", 100 * MBIT, readers=1, now=0.0)
+        return book.allocation("ih", 100 * MBIT, readers=1, now=PEERS_WARMUP)
+
+    forgetful = plan(CapacityBook())
+    assert forgetful is not None and forgetful.direct < 0.5
+    book = CapacityBook()
+    _report(book, eight, down=400, up=20, peers=0)
+    book.note_origin("ih", 1000 * MBIT)
+    remembered = plan(book)
+    expected = allocate(snap("slow-uploads"))
+    assert remembered is not None and remembered.mode is Mode.MIX
+    assert remembered.direct == pytest.approx(expected.direct, abs=0.05)
+
+
+def test_a_direct_share_is_read_only_once_it_held_two_snapshots() -> None:
+    """A node reads its direct share at once and for good: a share that one snapshot's
+    noise brought (origin-bound at the edge of MIX) would cost the origin for nothing."""
+    book = CapacityBook()
+    eight = [f"n{i}" for i in range(8)]
+    _report(book, eight, down=300, up=100, peers=90, backlog=64 << 20)
+    book.allocation("ih", 50 * MBIT, readers=8, now=0.0)
+    plan = book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.MIX
+    assert book.direct_share("ih", PEERS_WARMUP) == 0.0  # one snapshot: not yet
+    book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP + DIRECT_HOLD)
+    assert book.direct_share("ih", PEERS_WARMUP + DIRECT_HOLD) == plan.direct
+    # back to stripes (the origin turned out to be the limit): no share, and the hold
+    # starts over
+    book.allocation("ih", 5 * MBIT, readers=8, now=PEERS_WARMUP + 2 * DIRECT_HOLD)
+    assert book.direct_share("ih", PEERS_WARMUP + 2 * DIRECT_HOLD) == 0.0
