@@ -73,9 +73,8 @@ def planned_batch(
         if direct_budget > 0:
             taken = set(stripe)
             order = wide_pieces(missing, availability, in_flight, direct_budget + len(taken))
-            extra = [p for p in order if p not in taken][
-                : min(direct_budget, wide_limit or direct_budget)
-            ]
+            per_batch = direct_budget if wide_limit is None else min(direct_budget, wide_limit)
+            extra = [p for p in order if p not in taken][:per_batch]
             if extra:
                 return Batch(BatchKind.STRIPE, stripe + extra, direct=len(extra))
         if not stripe and plan.fill:

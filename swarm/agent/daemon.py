@@ -71,12 +71,12 @@ AUTO_UDP = "udp-auto"
 ``udp://HOST:PORT``."""
 
 WATCH_INTERVAL = 2.0
+"""Seconds between checks that every seeded file is still the one verified."""
 
 REANNOUNCE_GAP = 2.0
 """Least seconds between announces forced by new fleet members: a scale-out of a
 thousand nodes changes the membership at every report, and each change must not cost
 the tracker an announce per node (at most one per node every two seconds)."""
-"""Seconds between checks that every seeded file is still the one verified."""
 
 DAEMON_SDK_ATTEMPTS = 3
 """botocore's own tries per S3 call in the daemon: its retries are silent (eight of them
@@ -138,10 +138,11 @@ class Daemon:
         self.start_asg: Callable[[str], object] = lambda group: None
         self.asg_groups: set[str] = set()
         self.extra_peers: list[tuple[str, int]] = []
+        """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self._admitted: set[str] = set()
+        """Addresses the peer filter lets through (:meth:`take_members`)."""
         self._reannounce: threading.Timer | None = None
         self._reannounced_at = -math.inf
-        """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
         """With a fleet secret: required on the local API, sent to the coordinator, and

@@ -92,9 +92,10 @@ NEAR_RTT: Final = 0.02
 as 1/RTT), so UDP would only add CPU. It is not asked again during this fetch, and the
 next try waits :data:`PROBE_BACKOFF_CAP` (its neighbours are likely near too). A near
 fleet whose TCP is slow for another reason (CPU) tried UDP again and again before this:
-5-17% of its bytes, for nothing. The round trip is the least of a few TCP connects to the
-holder's UDP control port (:func:`connect_rtt`), before any session; a session's own
-least RTT catches a near holder the connects missed (a busy node wakes late)."""
+5-17% of its bytes, for nothing. The round trip is the least of a few TCP handshakes with
+the holder's UDP control port, as the kernel timed them (:func:`connect_rtt`), before
+any session; a session's own least RTT catches a near holder whose path was queueing
+then."""
 
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""
@@ -165,9 +166,9 @@ def connect_rtt(
     """The least round trip of ``tries`` TCP connects to ``host:port``, or None if none
     connected. Each is the kernel's handshake time (:func:`handshake_rtt`), else the
     connect's wall time (the path's round trip plus this node's wake-up: a near fleet on
-    two saturated cores timed its neighbours at 23-103 ms, started UDP sessions on its
-    LAN, and their floods stalled its TCP exchange for 20 s). Each connection is closed
-    at once: the server sees a control connection end before its hello."""
+    two saturated cores timed its neighbours at 23-103 ms and ran UDP sessions on its
+    LAN, sending up to 461 Mbit/s into 100 Mbit uplinks). Each connection is closed at
+    once: the server sees a control connection end before its hello."""
     best: float | None = None
     for _ in range(tries):
         started = time.monotonic()

@@ -14,7 +14,8 @@ what there is to send, not by the link: where the origin is the bottleneck a nod
 relays fresh pieces as fast as they come, and its upload peak (at times under what the
 plan needs to stripe) would have the plan read pieces from S3 again (origin B/F 1.2-1.4).
 
-S3's aggregate rate is the per-reader estimate times the readers, or unlimited while S3
+S3's aggregate rate is the per-reader estimate times the readers, or the most S3 gave
+its readers together this cohort if that is more, or unlimited while S3
 gives a reader about all the node can take and at least what the swarm gives a node. A
 reader cannot tell from its own rate whether S3 or its link limits it (both look the
 same at the start of a scale-out, when peers have nothing to give yet), but once pieces
@@ -139,7 +140,7 @@ class CapacityBook:
                 # fetched alone and left ALL behind; the far nodes then read everything
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
-                art.origin_peak = 0.0
+                art.mix_since, art.origin_peak = None, 0.0
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -179,7 +180,7 @@ class CapacityBook:
         )
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             art.allocation, art.bound = allocate(snap), bound(snap)
-            if art.allocation.direct <= 0 or art.allocation.mode is not Mode.MIX:
+            if art.allocation.mode is not Mode.MIX:
                 art.mix_since = None
             elif art.mix_since is None:
                 art.mix_since = now

@@ -674,9 +674,9 @@ class StripePlanner:
             # besides its stripe: WIDE reads from every node at once take the shared
             # origin from the stripes and from each other (the mixed fleet widened one
             # node after another and its origin sent each piece seven times). A node
-            # that receives next to nothing still widens: the mixed fleet's peer
-            # exchange once stalled for 20 s (a trickle from peers, until libtorrent's
-            # requests timed out), and without WIDE the run took 5x T*.
+            # that receives next to nothing still widens: with its exchange stalled
+            # (the mixed fleet once ran as a star for 30 s, every node but one with a
+            # single peer: Daemon.take_members) a plan without WIDE took 5x T*.
             state = MixState(Mode.STRIPE)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))

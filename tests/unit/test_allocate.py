@@ -246,3 +246,12 @@ def test_a_direct_share_is_read_only_once_it_held_two_snapshots() -> None:
     # starts over
     book.allocation("ih", 5 * MBIT, readers=8, now=PEERS_WARMUP + 2 * DIRECT_HOLD)
     assert book.direct_share("ih", PEERS_WARMUP + 2 * DIRECT_HOLD) == 0.0
+    # a cohort that ends on a held share leaves no hold to the next one
+    book.allocation("ih", 50 * MBIT, readers=8, now=10.0)
+    book.allocation("ih", 50 * MBIT, readers=8, now=11.0)
+    assert book.direct_share("ih", 11.0) > 0
+    _report(book, eight, down=300, up=100, peers=0, complete=True)
+    _report(book, eight, down=300, up=100, peers=90, backlog=64 << 20)  # a new cohort
+    book.allocation("ih", 50 * MBIT, readers=8, now=20.0)
+    assert book.allocation("ih", 50 * MBIT, readers=8, now=20.0 + PEERS_WARMUP) is not None
+    assert book.direct_share("ih", 20.0 + PEERS_WARMUP) == 0.0
