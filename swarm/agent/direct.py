@@ -13,7 +13,6 @@ Pieces that peers deliver meanwhile still land through libtorrent, in the same f
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import threading
@@ -21,7 +20,6 @@ from pathlib import Path
 
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.store import write_at
-from swarm.errors import NoSpaceError
 
 
 class DirectSink:
@@ -33,16 +31,14 @@ class DirectSink:
         self.layout = torrent.manifest.layout
         self.written: set[int] = set()
         self._lock = threading.Lock()
+        # Sparse, like libtorrent's file (see TorrentSession.add): the daemon checked the
+        # free space before the fetch, and a disk that fills meanwhile fails in write_at.
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if os.fstat(self._fd).st_size < self.layout.size:
-                os.posix_fallocate(self._fd, 0, self.layout.size)
-        except OSError as error:
+                os.ftruncate(self._fd, self.layout.size)
+        except OSError:
             os.close(self._fd)
-            if error.errno == errno.ENOSPC:
-                raise NoSpaceError(
-                    f"swarm: no space left for {path} (ENOSPC); free some space and rerun"
-                ) from error
             raise
 
     @property

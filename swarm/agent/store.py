@@ -127,7 +127,8 @@ class PieceFile:
     # -- lifecycle -------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create or reopen the partial file; reserve its space; recover verified pieces."""
+        """Create or reopen the partial file (after checking the space it needs); recover
+        verified pieces."""
         check_dest(self.dest)
         resumable = self._load_state()
         try:
@@ -140,9 +141,9 @@ class PieceFile:
         except OSError as error:
             raise SwarmError(f"swarm: cannot create {self.partial}: {error.strerror}") from error
         try:
-            if self.manifest.size:
-                # Reserve every block now, so a full disk fails in a second, not at 90%.
-                os.posix_fallocate(self._fd, 0, self.manifest.size)
+            # Sparse: ensure_space above makes a full disk fail at once; reserving the
+            # blocks (posix_fallocate) made every first write into them cost ~10x the
+            # CPU on ext4 (unwritten extents: 0.47 against 0.04 CPU-s per 128 MiB).
             os.ftruncate(self._fd, self.manifest.size)
         except OSError as error:
             os.close(self._fd)

@@ -629,6 +629,7 @@ def _plan_origin(
             now=now,
             interval=interval,
             uploaded=item.uploaded,
+            node_at=item.elapsed,
         )
         if plan.rates is not None:
             rates.append(plan.rates)

@@ -14,9 +14,10 @@ what there is to send, not by the link: where the origin is the bottleneck a nod
 relays fresh pieces as fast as they come, and its upload peak (at times under what the
 plan needs to stripe) would have the plan read pieces from S3 again (origin B/F 1.2-1.4).
 
-S3's aggregate rate is the per-reader estimate times the readers, or the most S3 gave
-its readers together this cohort if that is more, or unlimited while S3
-gives a reader about all the node can take and at least what the swarm gives a node. A
+S3's aggregate rate is unlimited once S3 has delivered, over one window, what every
+fetching node can take (the cohort's S3 counters together); else the per-reader estimate
+times the readers, or that window peak if it is more; or unlimited while S3 gives a
+reader about all the node can take and at least what the swarm gives a node. A
 reader cannot tell from its own rate whether S3 or its link limits it (both look the
 same at the start of a scale-out, when peers have nothing to give yet), but once pieces
 spread, the nodes' peaks show what a node can take besides S3: where the origin is the
@@ -68,6 +69,12 @@ BACKLOG_SECONDS: Final = 1.0
 what they send it is limited by their uploads (see the module docstring)."""
 
 
+ORIGIN_WINDOW: Final = 1.0
+"""Seconds over which the cohort's S3 bytes make one sample of the origin's rate: long
+enough that reports timed by their arrival average out, short enough to catch a
+stripe phase of about a second (s3-fast)."""
+
+
 DIRECT_HOLD: Final = SNAPSHOT_PERIOD
 """Seconds a direct share must last (two snapshots) before nodes read it: a node reads
 its share at once and for good, and a share that one snapshot's noise brought
@@ -92,6 +99,8 @@ class _Artifact:
     complete: dict[str, float] = field(default_factory=dict)
     """Upload capacity of nodes that hold the whole artifact (seeders)."""
     allocation: Allocation | None = None
+    snapshot: Snapshot | None = None
+    """What the allocation was computed from (shown in the fleet view)."""
     bound: float = 0.0
     at: float = -math.inf
     peers_since: float | None = None
@@ -99,10 +108,18 @@ class _Artifact:
     mix_since: float | None = None
     """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
     origin_peak: float = 0.0
-    """The most S3 gave all its readers together (the sum of their rates) this cohort:
-    what the origin can give at least. The per-reader rate times the readers of the
-    moment falls with the readers, and the plan then saw no S3 capacity because it had
-    put the nodes on peers (slow-uploads: stripes alone, 4.5x T*)."""
+    """The most S3 delivered to this cohort over one :data:`ORIGIN_WINDOW` (every node's
+    S3 counter together): what the origin can give at least. The per-reader rate times
+    the readers of the moment falls with the readers, and the plan then saw no S3
+    capacity because it had put the nodes on peers (slow-uploads: stripes alone, 4.5x
+    T*); a sum of the readers' rates at one report missed the s3-fast fleet, whose
+    stripes left S3 in one-second bursts at different moments (31 of 187 MB/s)."""
+    s3_bytes: dict[str, int] = field(default_factory=dict)
+    """Each node's S3 counter as last reported."""
+    s3_total: int = 0
+    """S3 bytes delivered to the cohort's nodes so far (sum of counter increases)."""
+    window: tuple[float, int] | None = None
+    """Start of the current window: (time, ``s3_total`` then)."""
 
 
 class CapacityBook:
@@ -140,7 +157,7 @@ class CapacityBook:
                 # fetched alone and left ALL behind; the far nodes then read everything
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
-                art.mix_since, art.origin_peak = None, 0.0
+                art.mix_since, art.origin_peak, art.window = None, 0.0, None
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -148,11 +165,22 @@ class CapacityBook:
             up = up_peak if shown else max(up_peak, down_peak)
             art.links[node] = _Link(down_peak, up, peers, shown)
 
-    def note_origin(self, info_hash: str, aggregate: float) -> None:
-        """What S3 gives its readers together now (bytes/s), for the origin's peak."""
+    def note_s3(self, info_hash: str, node: str, s3_bytes: int, now: float) -> None:
+        """A node's S3 counter (cumulative bytes) at ``now``, for the origin's peak: the
+        cohort's S3 bytes over windows of at least :data:`ORIGIN_WINDOW` seconds."""
         art = self._artifacts.get(info_hash)
-        if art is not None:
-            art.origin_peak = max(art.origin_peak, aggregate)
+        if art is None:
+            return
+        before = art.s3_bytes.get(node)
+        art.s3_bytes[node] = s3_bytes
+        if before is not None and s3_bytes > before:
+            art.s3_total += s3_bytes - before
+        if art.window is None:
+            art.window = (now, art.s3_total)
+        elif now - art.window[0] >= ORIGIN_WINDOW:
+            start, total = art.window
+            art.origin_peak = max(art.origin_peak, (art.s3_total - total) / (now - start))
+            art.window = (now, art.s3_total)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -179,7 +207,7 @@ class CapacityBook:
             origin_peak=art.origin_peak,
         )
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
-            art.allocation, art.bound = allocate(snap), bound(snap)
+            art.allocation, art.bound, art.snapshot = allocate(snap), bound(snap), snap
             if art.allocation.mode is not Mode.MIX:
                 art.mix_since = None
             elif art.mix_since is None:
@@ -204,13 +232,22 @@ class CapacityBook:
         art = self._artifacts.get(info_hash)
         if art is None or art.allocation is None:
             return None
-        plan = art.allocation
-        return {
+        plan, snap = art.allocation, art.snapshot
+        described: dict[str, object] = {
             "mode": plan.mode.value,
             "direct": round(plan.direct, 3),
             "predicted_seconds": round(plan.finish, 2),
             "bound_seconds": round(art.bound, 2),
         }
+        if snap is not None:  # the capacities it was planned on (bytes/s; None: unlimited)
+            described["capacity"] = {
+                "nodes": snap.nodes,
+                "origin": None if math.isinf(snap.origin) else round(snap.origin),
+                "down": round(snap.down),
+                "up": round(snap.up),
+                "seeders": round(snap.seeders),
+            }
+        return described
 
     def forget(self, nodes: Iterable[str]) -> None:
         for node in nodes:
@@ -220,6 +257,7 @@ class CapacityBook:
                     continue
                 art.links.pop(node, None)
                 art.complete.pop(node, None)
+                art.s3_bytes.pop(node, None)
                 if not art.links and not art.complete:
                     del self._artifacts[info_hash]
 
@@ -236,7 +274,7 @@ def snapshot(
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
-    something); ``origin_peak``: the most S3 gave its readers together so far."""
+    something); ``origin_peak``: the most S3 delivered to the cohort in one window."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
         return None
@@ -250,6 +288,11 @@ def snapshot(
     )
     if origin_rate is not None:
         origin = origin_rate
+    elif origin_peak >= LINK_SHARE * down * len(fetching):
+        # S3 has delivered as much as every fetching node can take, all at once (the
+        # stripes of a same-region bucket): it feeds the fleet at link speed, whatever a
+        # reader gets now that peers share its downlink
+        origin = math.inf
     elif not s3_per_reader or s3_per_reader <= 0:
         return None
     elif s3_per_reader < LINK_SHARE * down:

@@ -153,6 +153,13 @@ class NodeRates:
     here at once, while the peers' EMA takes seconds to decay."""
     uploaded: int = -1
     """The node's upload counter as of this report (-1: it sends none)."""
+    node_at: float = -1.0
+    """The node's own clock when it read its counters (the fetch's ``elapsed``; -1: it
+    sends none). Intervals are timed on it where both reports carry it: a report
+    delayed on a busy node or in transit no longer makes the next interval look fast."""
+    s3_now: float = 0.0
+    """Bytes/s from S3 over the last interval of at least :data:`MIN_PEAK_INTERVAL`
+    (not averaged): what S3 gives this reader now, a one-second stripe included."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -164,6 +171,8 @@ class NodeRates:
             "down_peak": self.down_peak,
             "received_now": self.received_now,
             "uploaded": self.uploaded,
+            "node_at": self.node_at,
+            "s3_now": self.s3_now,
         }
 
     @classmethod
@@ -177,6 +186,8 @@ class NodeRates:
             float(data.get("down_peak", 0.0)),  # type: ignore[arg-type]
             float(data.get("received_now", -1.0)),  # type: ignore[arg-type]
             int(data.get("uploaded", -1)),  # type: ignore[call-overload]
+            float(data.get("node_at", -1.0)),  # type: ignore[arg-type]
+            float(data.get("s3_now", 0.0)),  # type: ignore[arg-type]
         )
 
 
@@ -185,9 +196,11 @@ STARVED_SHARE: Final = 0.1
 the last report interval is starved: it may widen even under an allocation."""
 
 MIN_PEAK_INTERVAL: Final = 0.5
-"""Seconds a report interval must span for its upload rate to count as a peak: the
-interval is timed on arrival, and two reports close together (one delayed in transit,
-the next on time) would show bytes of a second as sent in a fraction of one."""
+"""Seconds a report interval must span for its rates to count as a peak (or as the S3
+rate of the moment): bytes move in whole pieces, and a short interval (a report the
+reader woke after its batch) shows one piece more or less as a large rate. Intervals
+timed on arrival (a node that sends no clock) are noisier still: two reports close
+together, one delayed in transit, show bytes of a second as sent in a fraction of one."""
 
 
 def update_rates(
@@ -196,37 +209,57 @@ def update_rates(
     up_rate: float,
     now: float,
     uploaded: int | None = None,
+    node_at: float | None = None,
 ) -> NodeRates:
     """The node's rates after a report with cumulative ``counters`` (and ``uploaded``)
-    at ``now``."""
+    at ``now``; ``node_at``: the node's own clock for them, if it sent one.
+
+    The averages (``down``, ``up``) follow the coordinator's clock. The peaks and the
+    S3 rate of the moment are one interval's counters (node-timed where possible): an
+    average of one-second stripe bursts reads as a fraction of the link, and the
+    s3-fast fleet (S3 fills every node's link) was then planned as if S3 were the
+    bottleneck (MIX, never ALL, 2.3x T*)."""
     sent = -1 if uploaded is None else uploaded
+    clock = -1.0 if node_at is None else node_at
     if previous is None:
         peak = up_rate if uploaded is None else 0.0
         return NodeRates(
-            now, dict(counters), {s: 0.0 for s in counters}, up_rate, peak, uploaded=sent
+            now,
+            dict(counters),
+            {s: 0.0 for s in counters},
+            up_rate,
+            peak,
+            uploaded=sent,
+            node_at=clock,
         )
     dt = now - previous.at
+    # the interval of the counters: the node's clock if both reports carry it
+    span = clock - previous.node_at if clock >= 0 and previous.node_at >= 0 else dt
     down = dict(previous.down)
     samples: dict[str, float] = {}
     for source, total in counters.items():
-        samples[source] = rate(previous.counters.get(source, 0), total, dt)
-        down[source] = ema(down.get(source), samples[source], dt)
+        samples[source] = rate(previous.counters.get(source, 0), total, span)
+        down[source] = ema(down.get(source), rate(previous.counters.get(source, 0), total, dt), dt)
     up = ema(previous.up, up_rate, dt)
+    whole = span >= MIN_PEAK_INTERVAL
     if uploaded is None or previous.uploaded < 0:
         up_sample = up_rate  # libtorrent's own average: slow to rise, never too high
-    elif dt >= MIN_PEAK_INTERVAL:
-        up_sample = rate(previous.uploaded, uploaded, dt)
+    elif whole:
+        up_sample = rate(previous.uploaded, uploaded, span)
     else:
         up_sample = 0.0
+    received = sum(samples.values())
     return NodeRates(
         max(previous.at, now),
         dict(counters),
         down,
         up,
         max(previous.up_peak, up_sample),
-        max(previous.down_peak, sum(down.values())),
-        sum(samples.values()) if dt > 0 else previous.received_now,
+        max(previous.down_peak, sum(down.values()), received if whole else 0.0),
+        received if span > 0 else previous.received_now,
         sent,
+        clock,
+        samples.get("s3", 0.0) if whole else previous.s3_now,
     )
 
 
@@ -480,7 +513,7 @@ class MemoryPlanState(PlanState):
                         art.assigned |= 1 << piece
         art.stripe_len[node] = len(mine)
         if mine or node in art.wide:
-            art.reader_s3[node] = change.rates.down.get("s3", 0.0)
+            art.reader_s3[node] = change.rates.s3_now
         else:
             art.reader_s3.pop(node, None)
         return Committed(sorted(mine), self._spread(art))
@@ -612,14 +645,16 @@ class StripePlanner:
         now: float,
         interval: float = 1.0,
         uploaded: int | None = None,
+        node_at: float | None = None,
     ) -> OriginPlan:
         """Record ``node``'s report for one artifact; return its stripe and mode.
         ``interval``: the report interval the node was told (stalls scale with it);
-        ``uploaded``: the node's upload counter, if it sends one."""
+        ``uploaded``: the node's upload counter, if it sends one; ``node_at``: the
+        node's clock when it read its counters, if it sends one."""
         view = self.state.load(node, info_hash, piece_size, count)
         if view is None:  # past the state's bounds: the node decides alone
             return OriginPlan([], Mode.STRIPE, None)
-        rates = update_rates(view.rates, counters, up_rate, now, uploaded)
+        rates = update_rates(view.rates, counters, up_rate, now, uploaded, node_at)
         backlog = ((view.union | held) & ~held).bit_count() * piece_size
         self.capacity.update(
             node,
@@ -634,8 +669,8 @@ class StripePlanner:
         # the readers' S3 rates, this node's as of this report
         s3 = {n: r for n, r in view.reader_s3}
         if node in s3:
-            s3[node] = rates.down.get("s3", 0.0)
-        self.capacity.note_origin(info_hash, sum(s3.values()))
+            s3[node] = rates.s3_now
+        self.capacity.note_s3(info_hash, node, counters.get("s3", 0), now)
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0

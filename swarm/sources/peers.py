@@ -243,8 +243,11 @@ class TorrentSession:
         if seed_mode:
             flags |= lt.torrent_flags.seed_mode
         params.flags = flags
-        # Reserve the whole file now: a full disk fails at the start, not at 90%.
-        params.storage_mode = lt.storage_mode_t.storage_mode_allocate
+        # Sparse, not reserved: on ext4 the first write into fallocate's unwritten
+        # extents cost ~10x the CPU of a write into a hole (0.47 against 0.04 CPU-s per
+        # 128 MiB here), a third of a node's CPU for its whole fetch. The daemon checks
+        # the free space before it adds the torrent (a full disk still fails at once).
+        params.storage_mode = lt.storage_mode_t.storage_mode_sparse
         for attempt in range(40):
             try:
                 handle = self.session.add_torrent(params)

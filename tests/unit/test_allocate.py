@@ -7,7 +7,7 @@ import math
 import pytest
 
 from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
-from swarm.coordinator.capacity import DIRECT_HOLD, PEERS_WARMUP, CapacityBook
+from swarm.coordinator.capacity import DIRECT_HOLD, ORIGIN_WINDOW, PEERS_WARMUP, CapacityBook
 from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
@@ -126,6 +126,13 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
         "direct": 0.0,
         "predicted_seconds": round(F / (96 * MBIT), 2),
         "bound_seconds": round(F / (96 * MBIT), 2),
+        "capacity": {
+            "nodes": 8,
+            "origin": round(96 * MBIT),
+            "down": round(200 * MBIT),
+            "up": round(200 * MBIT),
+            "seeders": 0,
+        },
     }
     # no peer traffic ever (seeders hold everything, nothing came yet): no allocation;
     # once peers have had their warm-up, S3 filling the nodes' links while peers give
@@ -208,7 +215,16 @@ def test_slow_uploads_shown_get_their_direct_share() -> None:
     assert plan is not None and plan.mode is Mode.MIX
 
 
-def test_the_origin_keeps_the_most_it_gave_its_readers_together() -> None:
+def delivered(book: CapacityBook, names: list[str], mbit: float) -> None:
+    """``names`` report their S3 counters: ``mbit`` Mbit/s together over one second."""
+    for node in names:
+        book.note_s3("ih", node, 0, now=0.0)
+    for node in names:
+        book.note_s3("ih", node, int(mbit * MBIT / len(names)), now=0.5)
+    book.note_s3("ih", names[0], int(mbit * MBIT / len(names)), now=ORIGIN_WINDOW)
+
+
+def test_the_origin_keeps_the_most_it_delivered_in_one_window() -> None:
     """slow-uploads: 8 readers took 1000 Mbit together while striping; once the plan
     put the nodes on peers, one reader at a time is left, and the per-reader rate times
     one reader made the origin look like 100 Mbit: stripes alone (4.5x T*)."""
@@ -223,11 +239,40 @@ def test_the_origin_keeps_the_most_it_gave_its_readers_together() -> None:
     assert forgetful is not None and forgetful.direct < 0.5
     book = CapacityBook()
     _report(book, eight, down=400, up=20, peers=0)
-    book.note_origin("ih", 1000 * MBIT)
+    delivered(book, eight, 1000)  # 125 MB/s over a second, the eight readers together
     remembered = plan(book)
     expected = allocate(snap("slow-uploads"))
     assert remembered is not None and remembered.mode is Mode.MIX
     assert remembered.direct == pytest.approx(expected.direct, abs=0.05)
+
+
+def test_an_origin_that_delivered_every_link_at_once_is_all() -> None:
+    """s3-fast: the six stripes left S3 in about a second (1500 Mbit, the six links
+    together); afterwards a reader gets a fraction of its link because peers share the
+    downlink, and the per-reader rate alone planned a small direct share (2.3x T*).
+    Where the origin delivered only its 100 Mbit (origin-bound), it stays the limit."""
+
+    def plan(delivered_mbit: float, nodes: int, down: float):
+        book = CapacityBook()
+        names = [f"n{i}" for i in range(nodes)]
+        _report(book, names, down=down, up=down, peers=80)
+        delivered(book, names, delivered_mbit)
+        book.allocation("ih", 100 * MBIT, readers=2, now=0.0)
+        return book.allocation("ih", 100 * MBIT, readers=2, now=PEERS_WARMUP)
+
+    # nodes start a little apart: one window holds most of the six stripes, not all
+    fast = plan(1300, 6, 250)
+    assert fast is not None and fast.mode is Mode.ALL
+    bound = plan(100, 8, 200)
+    assert bound is not None and bound.mode is Mode.STRIPE
+    # a window shorter than ORIGIN_WINDOW is no sample (reports timed on arrival)
+    book = CapacityBook()
+    _report(book, ["a"], down=250, up=250, peers=80)
+    book.note_s3("ih", "a", 0, now=0.0)
+    book.note_s3("ih", "a", 100 << 20, now=0.2)
+    book.allocation("ih", 10 * MBIT, readers=1, now=0.0)
+    late = book.allocation("ih", 10 * MBIT, readers=1, now=PEERS_WARMUP)
+    assert late is not None and late.mode is not Mode.ALL
 
 
 def test_a_direct_share_is_read_only_once_it_held_two_snapshots() -> None:

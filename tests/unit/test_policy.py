@@ -207,16 +207,17 @@ def test_a_swarm_that_stops_sending_widens_the_node_at_once():
     The peers' EMA kept it in STRIPE (idle) until the burst had decayed; the last
     interval's rate shows the stall, so it widens after HOLD_SECONDS."""
     planner = StripePlanner(stripe_bytes=8 * MiB)
-    _plan(planner, "a", count=32, now=0.0)
-    _plan(planner, "b", count=32, now=0.0)
-    b_held = (1 << 32) - 1 - 0xFF  # b holds what a lacks: a backlog for a
-    _plan(planner, "b", count=32, held=b_held, now=0.5, s3=8 * MiB, peers=16 * MiB)
-    a = _plan(planner, "a", count=32, held=0xFF, now=0.5, s3=8 * MiB)
+    _plan(planner, "a", count=40, now=0.0)
+    _plan(planner, "b", count=40, now=0.0)
+    b_held = (1 << 40) - 1 - 0xFF  # b holds what a lacks: a backlog for a (16 MiB,
+    # a second of what S3 gave a)
+    _plan(planner, "b", count=40, held=b_held, now=0.5, s3=8 * MiB, peers=16 * MiB)
+    a = _plan(planner, "a", count=40, held=0xFF, now=0.5, s3=8 * MiB)
     burst = 0xFF | 0xFF00 | 0xFF0000  # 16 MiB from peers in the next half second
-    a = _plan(planner, "a", count=32, held=burst, now=1.0, s3=8 * MiB, peers=16 * MiB)
+    a = _plan(planner, "a", count=40, held=burst, now=1.0, s3=8 * MiB, peers=16 * MiB)
     assert a.mode is Mode.STRIPE
     for t in (2.0, 3.0):  # nothing more from peers; S3 has nothing left in the stripe
-        a = _plan(planner, "a", count=32, held=burst, now=t, s3=8 * MiB, peers=16 * MiB)
+        a = _plan(planner, "a", count=40, held=burst, now=t, s3=8 * MiB, peers=16 * MiB)
     assert a.mode is Mode.WIDE
 
 
@@ -300,7 +301,7 @@ def test_an_allocation_replaces_widening_unless_the_node_stalls():
     held = (1 << 24) - 1 | ((1 << 24) - 1) << 32
     peers = 48 * MiB
     for t in range(5, 20):  # the peers' EMA falls under WIDEN_RATIO of S3 by t = 10
-        peers += MiB  # yet above STARVED_SHARE of c's download peak (9.3 MB/s)
+        peers += 2 * MiB  # yet above STARVED_SHARE of c's download peak (12 MiB/s)
         c = _plan(planner, "c", held=held, now=t, peers=peers)
         assert c.mode is not Mode.WIDE, t
     # then a trickle (under STARVED_SHARE of its peak) for two intervals: it widens
