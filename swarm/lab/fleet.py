@@ -23,6 +23,7 @@ on a small setup.
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import os
@@ -611,6 +612,17 @@ def started_fleet(config: FleetConfig, keep: bool = False, lab_name: str = "fl")
             shutil.rmtree(work, ignore_errors=True)
 
 
+def compile_swarm() -> None:
+    """Byte-compile the swarm package, as installing it does (pip compiles a wheel's
+    modules). A checkout run with ``PYTHONDONTWRITEBYTECODE`` (CI images, this machine)
+    has no bytecode, and every client and daemon then compiled its modules from source
+    at start: a fifth of a daemon's Python samples in an s3-fast fleet, on CPU the
+    baselines do not spend."""
+    import swarm
+
+    compileall.compile_dir(Path(swarm.__file__).parent, quiet=1)
+
+
 def run_fleet(
     config: FleetConfig, systems: list[str], keep: bool = False
 ) -> tuple[list[SystemResult], dict[str, str]]:
@@ -625,6 +637,7 @@ def run_fleet(
         why = each.unavailable()
         if why:
             raise FleetError(why)
+    compile_swarm()
     results: list[SystemResult] = []
     failures: dict[str, str] = {}
     with started_fleet(config, keep=keep) as fleet:
