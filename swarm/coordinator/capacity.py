@@ -69,10 +69,18 @@ BACKLOG_SECONDS: Final = 1.0
 what they send it is limited by their uploads (see the module docstring)."""
 
 
+ALL_PROOF: Final = 2.0
+"""Seconds an ALL allocation stands before a snapshot may take it back. Every node then
+reads at full width, and their S3 rates together show what the origin gives them all
+at once; before, the snapshots that said ALL (stripes read at slightly
+different moments, the nodes' peaks still rising) can flip to MIX and back (s3-fast:
+ALL, MIX 52%, ALL within three seconds), and a node that went ALL writes its S3 pieces
+past libtorrent, so MIX meanwhile had it take the same pieces from peers again."""
+
+
 ORIGIN_WINDOW: Final = 1.0
-"""Seconds over which the cohort's S3 bytes make one sample of the origin's rate: long
-enough that reports timed by their arrival average out, short enough to catch a
-stripe phase of about a second (s3-fast)."""
+"""Nodes whose S3 rates were reported within this many seconds read S3 together (one
+report interval): their sum is a sample of what the origin gives."""
 
 
 DIRECT_HOLD: Final = SNAPSHOT_PERIOD
@@ -106,20 +114,21 @@ class _Artifact:
     peers_since: float | None = None
     """When a fetching node was first seen receiving from peers."""
     mix_since: float | None = None
+    all_since: float | None = None
+    """Since when the allocation has been ALL (see :data:`ALL_PROOF`)."""
     """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
     origin_peak: float = 0.0
-    """The most S3 delivered to this cohort over one :data:`ORIGIN_WINDOW` (every node's
-    S3 counter together): what the origin can give at least. The per-reader rate times
-    the readers of the moment falls with the readers, and the plan then saw no S3
-    capacity because it had put the nodes on peers (slow-uploads: stripes alone, 4.5x
-    T*); a sum of the readers' rates at one report missed the s3-fast fleet, whose
-    stripes left S3 in one-second bursts at different moments (31 of 187 MB/s)."""
-    s3_bytes: dict[str, int] = field(default_factory=dict)
-    """Each node's S3 counter as last reported."""
-    s3_total: int = 0
-    """S3 bytes delivered to the cohort's nodes so far (sum of counter increases)."""
-    window: tuple[float, int] | None = None
-    """Start of the current window: (time, ``s3_total`` then)."""
+    """The most S3 gave the cohort's nodes together (the sum of their S3 rates over
+    their last report intervals, those reported within :data:`ORIGIN_WINDOW`): what the
+    origin can give at least. The per-reader rate times the readers of the moment falls
+    with the readers, and the plan then saw no S3 capacity because it had put the nodes
+    on peers (slow-uploads: stripes alone, 4.5x T*); a sum over the nodes with a stripe
+    at one report missed the s3-fast fleet, whose stripes left S3 in one-second bursts
+    (31 of 187 MB/s); counter increases summed over a window of the coordinator's clock
+    counted each node's bytes since its report before the window too (origin-bound read
+    33 MB/s from a 12.5 MB/s origin)."""
+    s3_rates: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Each node's S3 rate over its last report interval, and when it reported it."""
 
 
 class CapacityBook:
@@ -157,7 +166,9 @@ class CapacityBook:
                 # fetched alone and left ALL behind; the far nodes then read everything
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
-                art.mix_since, art.origin_peak, art.window = None, 0.0, None
+                art.mix_since, art.all_since = None, None
+                art.origin_peak = 0.0
+                art.s3_rates.clear()
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -165,22 +176,17 @@ class CapacityBook:
             up = up_peak if shown else max(up_peak, down_peak)
             art.links[node] = _Link(down_peak, up, peers, shown)
 
-    def note_s3(self, info_hash: str, node: str, s3_bytes: int, now: float) -> None:
-        """A node's S3 counter (cumulative bytes) at ``now``, for the origin's peak: the
-        cohort's S3 bytes over windows of at least :data:`ORIGIN_WINDOW` seconds."""
+    def note_s3(self, info_hash: str, node: str, rate: float, now: float) -> None:
+        """A node's S3 rate over its last report interval (bytes/s, from its counter),
+        for the origin's peak: the rates of the nodes that reported within
+        :data:`ORIGIN_WINDOW`, together."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return
-        before = art.s3_bytes.get(node)
-        art.s3_bytes[node] = s3_bytes
-        if before is not None and s3_bytes > before:
-            art.s3_total += s3_bytes - before
-        if art.window is None:
-            art.window = (now, art.s3_total)
-        elif now - art.window[0] >= ORIGIN_WINDOW:
-            start, total = art.window
-            art.origin_peak = max(art.origin_peak, (art.s3_total - total) / (now - start))
-            art.window = (now, art.s3_total)
+        art.s3_rates[node] = (rate, now)
+        recent = now - ORIGIN_WINDOW
+        together = sum(r for r, at in art.s3_rates.values() if at >= recent)
+        art.origin_peak = max(art.origin_peak, together)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -207,7 +213,18 @@ class CapacityBook:
             origin_peak=art.origin_peak,
         )
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
-            art.allocation, art.bound, art.snapshot = allocate(snap), bound(snap), snap
+            plan = allocate(snap)
+            if (
+                plan.mode is not Mode.ALL
+                and art.all_since is not None
+                and now - art.all_since < ALL_PROOF
+            ):
+                return art.allocation  # ALL has not had its chance to show the origin
+            art.allocation, art.bound, art.snapshot = plan, bound(snap), snap
+            if plan.mode is not Mode.ALL:
+                art.all_since = None
+            elif art.all_since is None:
+                art.all_since = now
             if art.allocation.mode is not Mode.MIX:
                 art.mix_since = None
             elif art.mix_since is None:
@@ -257,7 +274,7 @@ class CapacityBook:
                     continue
                 art.links.pop(node, None)
                 art.complete.pop(node, None)
-                art.s3_bytes.pop(node, None)
+                art.s3_rates.pop(node, None)
                 if not art.links and not art.complete:
                     del self._artifacts[info_hash]
 

@@ -670,7 +670,7 @@ class StripePlanner:
         s3 = {n: r for n, r in view.reader_s3}
         if node in s3:
             s3[node] = rates.s3_now
-        self.capacity.note_s3(info_hash, node, counters.get("s3", 0), now)
+        self.capacity.note_s3(info_hash, node, rates.s3_now, now)
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0

@@ -7,7 +7,14 @@ import math
 import pytest
 
 from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
-from swarm.coordinator.capacity import DIRECT_HOLD, ORIGIN_WINDOW, PEERS_WARMUP, CapacityBook
+from swarm.coordinator.capacity import (
+    ALL_PROOF,
+    DIRECT_HOLD,
+    ORIGIN_WINDOW,
+    PEERS_WARMUP,
+    SNAPSHOT_PERIOD,
+    CapacityBook,
+)
 from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
@@ -216,12 +223,10 @@ def test_slow_uploads_shown_get_their_direct_share() -> None:
 
 
 def delivered(book: CapacityBook, names: list[str], mbit: float) -> None:
-    """``names`` report their S3 counters: ``mbit`` Mbit/s together over one second."""
-    for node in names:
-        book.note_s3("ih", node, 0, now=0.0)
-    for node in names:
-        book.note_s3("ih", node, int(mbit * MBIT / len(names)), now=0.5)
-    book.note_s3("ih", names[0], int(mbit * MBIT / len(names)), now=ORIGIN_WINDOW)
+    """``names`` report S3 rates of ``mbit`` Mbit/s together, within one window."""
+    step = ORIGIN_WINDOW / 2 / len(names)
+    for i, node in enumerate(names):
+        book.note_s3("ih", node, mbit * MBIT / len(names), now=i * step)
 
 
 def test_the_origin_keeps_the_most_it_delivered_in_one_window() -> None:
@@ -265,14 +270,34 @@ def test_an_origin_that_delivered_every_link_at_once_is_all() -> None:
     assert fast is not None and fast.mode is Mode.ALL
     bound = plan(100, 8, 200)
     assert bound is not None and bound.mode is Mode.STRIPE
-    # a window shorter than ORIGIN_WINDOW is no sample (reports timed on arrival)
+    # rates reported further apart than ORIGIN_WINDOW were not read together: six
+    # stripes read one after another at link speed show one link, not six
     book = CapacityBook()
-    _report(book, ["a"], down=250, up=250, peers=80)
-    book.note_s3("ih", "a", 0, now=0.0)
-    book.note_s3("ih", "a", 100 << 20, now=0.2)
+    names = [f"n{i}" for i in range(6)]
+    _report(book, names, down=250, up=250, peers=80)
+    for i, node in enumerate(names):
+        book.note_s3("ih", node, 250 * MBIT, now=i * 1.5 * ORIGIN_WINDOW)
     book.allocation("ih", 10 * MBIT, readers=1, now=0.0)
-    late = book.allocation("ih", 10 * MBIT, readers=1, now=PEERS_WARMUP)
-    assert late is not None and late.mode is not Mode.ALL
+    apart = book.allocation("ih", 10 * MBIT, readers=1, now=PEERS_WARMUP)
+    assert apart is not None and apart.mode is not Mode.ALL
+
+
+def test_all_stands_until_the_fleet_read_at_full_width() -> None:
+    """A snapshot right after ALL does not take it back: the stripes were read at
+    slightly different moments and the nodes' peaks are still rising, and s3-fast went
+    ALL, MIX, ALL in three seconds. After ALL_PROOF the origin has shown what it gives
+    every node at once, and a snapshot may narrow the fleet again."""
+    book = CapacityBook()
+    names = [f"n{i}" for i in range(6)]
+    _report(book, names, down=250, up=250, peers=80)
+    delivered(book, names, 1300)
+    book.allocation("ih", 100 * MBIT, readers=2, now=0.0)
+    assert book.allocation("ih", 100 * MBIT, readers=2, now=PEERS_WARMUP).mode is Mode.ALL
+    _report(book, names, down=500, up=250, peers=80)  # peaks rise: 1300 < 0.8 x 6 x 500
+    soon = PEERS_WARMUP + ALL_PROOF - SNAPSHOT_PERIOD
+    assert book.allocation("ih", 100 * MBIT, readers=6, now=soon).mode is Mode.ALL
+    later = book.allocation("ih", 100 * MBIT, readers=6, now=PEERS_WARMUP + ALL_PROOF)
+    assert later is not None and later.mode is not Mode.ALL
 
 
 def test_a_direct_share_is_read_only_once_it_held_two_snapshots() -> None:
