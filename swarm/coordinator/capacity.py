@@ -14,10 +14,11 @@ what there is to send, not by the link: where the origin is the bottleneck a nod
 relays fresh pieces as fast as they come, and its upload peak (at times under what the
 plan needs to stripe) would have the plan read pieces from S3 again (origin B/F 1.2-1.4).
 
-S3's aggregate rate is unlimited once S3 has delivered, over one window, what every
-fetching node can take (the cohort's S3 counters together); else the per-reader estimate
-times the readers, or that window peak if it is more; or unlimited while S3 gives a
-reader about all the node can take and at least what the swarm gives a node. A
+S3's aggregate rate is unlimited once S3 has filled the fetching nodes' links at once
+(:func:`fed_every_link`: one report interval's S3 bytes against each node's peak); else
+the per-reader estimate times the readers, or the most S3 gave its readers together
+this cohort if that is more; or unlimited while S3 gives a reader about all the node
+can take and at least what the swarm gives a node. A
 reader cannot tell from its own rate whether S3 or its link limits it (both look the
 same at the start of a scale-out, when peers have nothing to give yet), but once pieces
 spread, the nodes' peaks show what a node can take besides S3: where the origin is the
@@ -80,7 +81,14 @@ past libtorrent, so MIX meanwhile had it take the same pieces from peers again."
 
 ORIGIN_WINDOW: Final = 1.0
 """Nodes whose S3 rates were reported within this many seconds read S3 together (one
-report interval): their sum is a sample of what the origin gives."""
+report interval)."""
+
+TOGETHER_SHARE: Final = 0.5
+"""S3 fed every link (:func:`fed_every_link`) only if the nodes' S3 rates at once summed
+to at least this share of all their links: a node each at full speed one after another
+is not an origin that feeds them all. Not :data:`LINK_SHARE`: the rates are one
+interval's counters of whole pieces, and stripes that start a little apart overlap in
+part (s3-fast's origin is exactly six links)."""
 
 
 DIRECT_HOLD: Final = SNAPSHOT_PERIOD
@@ -98,6 +106,8 @@ class _Link:
     """The node's current download rate from peers."""
     upload_bound: bool = False
     """Peers have held a backlog for the node (its upload peak is a capacity)."""
+    s3: float = 0.0
+    """The most S3 gave the node over one report interval."""
 
 
 @dataclass
@@ -118,17 +128,15 @@ class _Artifact:
     """Since when the allocation has been ALL (see :data:`ALL_PROOF`)."""
     """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
     origin_peak: float = 0.0
-    """The most S3 gave the cohort's nodes together (the sum of their S3 rates over
-    their last report intervals, those reported within :data:`ORIGIN_WINDOW`): what the
-    origin can give at least. The per-reader rate times the readers of the moment falls
-    with the readers, and the plan then saw no S3 capacity because it had put the nodes
-    on peers (slow-uploads: stripes alone, 4.5x T*); a sum over the nodes with a stripe
-    at one report missed the s3-fast fleet, whose stripes left S3 in one-second bursts
-    (31 of 187 MB/s); counter increases summed over a window of the coordinator's clock
-    counted each node's bytes since its report before the window too (origin-bound read
-    33 MB/s from a 12.5 MB/s origin)."""
+    """The most S3 gave its readers together (the sum of their rates) this cohort:
+    what the origin can give at least. The per-reader rate times the readers of the
+    moment falls with the readers, and the plan then saw no S3 capacity because it had
+    put the nodes on peers (slow-uploads: stripes alone, 4.5x T*)."""
     s3_rates: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Each node's S3 rate over its last report interval, and when it reported it."""
+    together: float = 0.0
+    """The most those rates summed to, over nodes that reported within
+    :data:`ORIGIN_WINDOW` of each other (see :func:`fed_every_link`)."""
 
 
 class CapacityBook:
@@ -149,6 +157,7 @@ class CapacityBook:
         peers: float,
         complete: bool,
         backlog: int = 0,
+        s3_peak: float = 0.0,
     ) -> None:
         """Record one node's report. ``backlog``: bytes that peers hold and it lacks."""
         art = self._artifacts.get(info_hash)
@@ -167,26 +176,32 @@ class CapacityBook:
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
                 art.mix_since, art.all_since = None, None
-                art.origin_peak = 0.0
+                art.origin_peak, art.together = 0.0, 0.0
                 art.s3_rates.clear()
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
             )
             up = up_peak if shown else max(up_peak, down_peak)
-            art.links[node] = _Link(down_peak, up, peers, shown)
+            art.links[node] = _Link(down_peak, up, peers, shown, s3_peak)
+
+    def note_origin(self, info_hash: str, aggregate: float) -> None:
+        """What S3 gives its readers together now (bytes/s), for the origin's peak."""
+        art = self._artifacts.get(info_hash)
+        if art is not None:
+            art.origin_peak = max(art.origin_peak, aggregate)
 
     def note_s3(self, info_hash: str, node: str, rate: float, now: float) -> None:
-        """A node's S3 rate over its last report interval (bytes/s, from its counter),
-        for the origin's peak: the rates of the nodes that reported within
-        :data:`ORIGIN_WINDOW`, together."""
+        """A node's S3 rate over its last report interval (bytes/s, from its counter):
+        the nodes' rates reported within :data:`ORIGIN_WINDOW` sum to what S3 gave
+        them at once."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return
         art.s3_rates[node] = (rate, now)
         recent = now - ORIGIN_WINDOW
-        together = sum(r for r, at in art.s3_rates.values() if at >= recent)
-        art.origin_peak = max(art.origin_peak, together)
+        at_once = sum(r for r, at in art.s3_rates.values() if at >= recent)
+        art.together = max(art.together, at_once)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -211,6 +226,7 @@ class CapacityBook:
             self.origin_rate,
             swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
             origin_peak=art.origin_peak,
+            together=art.together,
         )
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             plan = allocate(snap)
@@ -288,10 +304,12 @@ def snapshot(
     origin_rate: float | None = None,
     swarm_shown: bool = True,
     origin_peak: float = 0.0,
+    together: float = 0.0,
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
-    something); ``origin_peak``: the most S3 delivered to the cohort in one window."""
+    something); ``origin_peak``: the most S3 gave its readers together so far;
+    ``together``: the most the nodes' S3 rates of one interval summed to."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
         return None
@@ -305,10 +323,10 @@ def snapshot(
     )
     if origin_rate is not None:
         origin = origin_rate
-    elif origin_peak >= LINK_SHARE * down * len(fetching):
-        # S3 has delivered as much as every fetching node can take, all at once (the
-        # stripes of a same-region bucket): it feeds the fleet at link speed, whatever a
-        # reader gets now that peers share its downlink
+    elif fed_every_link(fetching, down, together):
+        # S3 has filled the nodes' links, all at once (the stripes of a same-region
+        # bucket): it feeds the fleet at link speed, whatever a reader gets now that
+        # peers share its downlink
         origin = math.inf
     elif not s3_per_reader or s3_per_reader <= 0:
         return None
@@ -330,3 +348,17 @@ def snapshot(
     else:
         origin = max(s3_per_reader * max(1, readers), origin_peak)
     return Snapshot(size, len(fetching), down, up, origin, sum(seeders))
+
+
+def fed_every_link(links: list[_Link], down: float, together: float) -> bool:
+    """S3 has filled the fetching nodes' links, at once: for most nodes the most it gave
+    over one interval is at least :data:`LINK_SHARE` of the node's download peak (which
+    peers have had their warm-up to raise), and the nodes' rates at once summed to
+    :data:`TOGETHER_SHARE` of their links. Where the origin is the bottleneck a reader
+    gets a fraction of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for 8 of
+    300: a sixth), except the one that read alone for a moment; the median leaves it
+    out."""
+    if not links or down <= 0:
+        return False
+    filled = statistics.median(link.s3 / link.down for link in links)
+    return filled >= LINK_SHARE and together >= TOGETHER_SHARE * down * len(links)

@@ -160,6 +160,8 @@ class NodeRates:
     s3_now: float = 0.0
     """Bytes/s from S3 over the last interval of at least :data:`MIN_PEAK_INTERVAL`
     (not averaged): what S3 gives this reader now, a one-second stripe included."""
+    s3_peak: float = 0.0
+    """The most of :attr:`s3_now` so far: whether S3 ever filled this node's link."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -173,6 +175,7 @@ class NodeRates:
             "uploaded": self.uploaded,
             "node_at": self.node_at,
             "s3_now": self.s3_now,
+            "s3_peak": self.s3_peak,
         }
 
     @classmethod
@@ -188,6 +191,7 @@ class NodeRates:
             int(data.get("uploaded", -1)),  # type: ignore[call-overload]
             float(data.get("node_at", -1.0)),  # type: ignore[arg-type]
             float(data.get("s3_now", 0.0)),  # type: ignore[arg-type]
+            float(data.get("s3_peak", 0.0)),  # type: ignore[arg-type]
         )
 
 
@@ -217,8 +221,8 @@ def update_rates(
     The averages (``down``, ``up``) follow the coordinator's clock. The peaks and the
     S3 rate of the moment are one interval's counters (node-timed where possible): an
     average of one-second stripe bursts reads as a fraction of the link, and the
-    s3-fast fleet (S3 fills every node's link) was then planned as if S3 were the
-    bottleneck (MIX, never ALL, 2.3x T*)."""
+    s3-fast fleet (S3 fills every node's link) never showed that S3 had filled its
+    links (MIX, never ALL, 2.3x T*)."""
     sent = -1 if uploaded is None else uploaded
     clock = -1.0 if node_at is None else node_at
     if previous is None:
@@ -249,6 +253,7 @@ def update_rates(
     else:
         up_sample = 0.0
     received = sum(samples.values())
+    s3_now = samples.get("s3", 0.0) if whole else previous.s3_now
     return NodeRates(
         max(previous.at, now),
         dict(counters),
@@ -259,7 +264,8 @@ def update_rates(
         received if span > 0 else previous.received_now,
         sent,
         clock,
-        samples.get("s3", 0.0) if whole else previous.s3_now,
+        s3_now,
+        max(previous.s3_peak, s3_now),
     )
 
 
@@ -513,7 +519,7 @@ class MemoryPlanState(PlanState):
                         art.assigned |= 1 << piece
         art.stripe_len[node] = len(mine)
         if mine or node in art.wide:
-            art.reader_s3[node] = change.rates.s3_now
+            art.reader_s3[node] = change.rates.down.get("s3", 0.0)
         else:
             art.reader_s3.pop(node, None)
         return Committed(sorted(mine), self._spread(art))
@@ -662,6 +668,7 @@ class StripePlanner:
             piece_size * count,
             down_peak=rates.down_peak,
             up_peak=rates.up_peak,
+            s3_peak=rates.s3_peak,
             peers=rates.down.get("peers", 0.0),
             complete=complete,
             backlog=backlog,
@@ -669,7 +676,8 @@ class StripePlanner:
         # the readers' S3 rates, this node's as of this report
         s3 = {n: r for n, r in view.reader_s3}
         if node in s3:
-            s3[node] = rates.s3_now
+            s3[node] = rates.down.get("s3", 0.0)
+        self.capacity.note_origin(info_hash, sum(s3.values()))
         self.capacity.note_s3(info_hash, node, rates.s3_now, now)
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None

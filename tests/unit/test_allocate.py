@@ -101,13 +101,14 @@ def _report(
     peers: float,
     complete: bool = False,
     backlog: int = 0,
+    s3: float = 0.0,
 ) -> None:
-    """Each of ``names`` reports its link peaks and peer rate (Mbit/s) for one artifact,
-    and the bytes peers hold that it lacks."""
+    """Each of ``names`` reports its link peaks, peer rate and most S3 over one interval
+    (Mbit/s) for one artifact, and the bytes peers hold that it lacks."""
     for name in names:
         book.update(
             name, "ih", F, down_peak=down * MBIT, up_peak=up * MBIT, peers=peers * MBIT,
-            complete=complete, backlog=backlog,
+            complete=complete, backlog=backlog, s3_peak=s3 * MBIT,
         )  # fmt: skip
 
 
@@ -229,7 +230,7 @@ def delivered(book: CapacityBook, names: list[str], mbit: float) -> None:
         book.note_s3("ih", node, mbit * MBIT / len(names), now=i * step)
 
 
-def test_the_origin_keeps_the_most_it_delivered_in_one_window() -> None:
+def test_the_origin_keeps_the_most_it_gave_its_readers_together() -> None:
     """slow-uploads: 8 readers took 1000 Mbit together while striping; once the plan
     put the nodes on peers, one reader at a time is left, and the per-reader rate times
     one reader made the origin look like 100 Mbit: stripes alone (4.5x T*)."""
@@ -244,41 +245,36 @@ def test_the_origin_keeps_the_most_it_delivered_in_one_window() -> None:
     assert forgetful is not None and forgetful.direct < 0.5
     book = CapacityBook()
     _report(book, eight, down=400, up=20, peers=0)
-    delivered(book, eight, 1000)  # 125 MB/s over a second, the eight readers together
+    book.note_origin("ih", 1000 * MBIT)
     remembered = plan(book)
     expected = allocate(snap("slow-uploads"))
     assert remembered is not None and remembered.mode is Mode.MIX
     assert remembered.direct == pytest.approx(expected.direct, abs=0.05)
 
 
-def test_an_origin_that_delivered_every_link_at_once_is_all() -> None:
-    """s3-fast: the six stripes left S3 in about a second (1500 Mbit, the six links
-    together); afterwards a reader gets a fraction of its link because peers share the
-    downlink, and the per-reader rate alone planned a small direct share (2.3x T*).
-    Where the origin delivered only its 100 Mbit (origin-bound), it stays the limit."""
+def test_an_origin_that_fed_every_link_at_once_is_all() -> None:
+    """s3-fast: the six stripes left S3 in about a second, each node's at about its
+    link's speed; afterwards a reader gets a fraction of its link because peers share
+    the downlink, and the per-reader rate alone planned a small direct share (2.3x T*).
+    Where the origin is the bottleneck a reader got a fraction of its link."""
 
-    def plan(delivered_mbit: float, nodes: int, down: float):
+    def plan(nodes: int, down: float, s3: list[float], together: float):
         book = CapacityBook()
         names = [f"n{i}" for i in range(nodes)]
-        _report(book, names, down=down, up=down, peers=80)
-        delivered(book, names, delivered_mbit)
+        for name, most in zip(names, s3, strict=True):
+            _report(book, [name], down=down, up=down, peers=80, s3=most)
+        delivered(book, names, together)
         book.allocation("ih", 100 * MBIT, readers=2, now=0.0)
         return book.allocation("ih", 100 * MBIT, readers=2, now=PEERS_WARMUP)
 
-    # nodes start a little apart: one window holds most of the six stripes, not all
-    fast = plan(1300, 6, 250)
+    # nodes start a little apart: their stripes overlap in part
+    fast = plan(6, 250, [220] * 6, together=1000)
     assert fast is not None and fast.mode is Mode.ALL
-    bound = plan(100, 8, 200)
+    # origin-bound: 100 Mbit for 8 nodes of 200; the first reader had it alone
+    bound = plan(8, 200, [100] + [12.5] * 7, together=100)
     assert bound is not None and bound.mode is Mode.STRIPE
-    # rates reported further apart than ORIGIN_WINDOW were not read together: six
-    # stripes read one after another at link speed show one link, not six
-    book = CapacityBook()
-    names = [f"n{i}" for i in range(6)]
-    _report(book, names, down=250, up=250, peers=80)
-    for i, node in enumerate(names):
-        book.note_s3("ih", node, 250 * MBIT, now=i * 1.5 * ORIGIN_WINDOW)
-    book.allocation("ih", 10 * MBIT, readers=1, now=0.0)
-    apart = book.allocation("ih", 10 * MBIT, readers=1, now=PEERS_WARMUP)
+    # each node filled its link, but one after another: one link at a time
+    apart = plan(6, 250, [250] * 6, together=250)
     assert apart is not None and apart.mode is not Mode.ALL
 
 
@@ -289,11 +285,11 @@ def test_all_stands_until_the_fleet_read_at_full_width() -> None:
     every node at once, and a snapshot may narrow the fleet again."""
     book = CapacityBook()
     names = [f"n{i}" for i in range(6)]
-    _report(book, names, down=250, up=250, peers=80)
+    _report(book, names, down=250, up=250, peers=80, s3=220)
     delivered(book, names, 1300)
     book.allocation("ih", 100 * MBIT, readers=2, now=0.0)
     assert book.allocation("ih", 100 * MBIT, readers=2, now=PEERS_WARMUP).mode is Mode.ALL
-    _report(book, names, down=500, up=250, peers=80)  # peaks rise: 1300 < 0.8 x 6 x 500
+    _report(book, names, down=500, up=250, peers=80, s3=220)  # peaks rise: 220 < 0.8 x 500
     soon = PEERS_WARMUP + ALL_PROOF - SNAPSHOT_PERIOD
     assert book.allocation("ih", 100 * MBIT, readers=6, now=soon).mode is Mode.ALL
     later = book.allocation("ih", 100 * MBIT, readers=6, now=PEERS_WARMUP + ALL_PROOF)
