@@ -740,7 +740,7 @@ async def serve(
     marker = settings.home / "clean-shutdown"
     clean = marker.exists()
     marker.unlink(missing_ok=True)
-    if not clean:
+    if not clean and any((settings.home / "artifacts").glob("*.swarm")):
         log.info("previous daemon did not stop cleanly: verifying data files")
     daemon.restore(clean)
     sock = sock_path(settings.home)

@@ -3,7 +3,8 @@
 Rate rule (:func:`adapt_rate`): the receiver reports, every ``REPORT_INTERVAL``, how many
 datagrams the sender's ``seq`` says were sent in the interval and how many arrived; above
 2% loss the sender cuts its rate to the delivered rate, below 0.5% it speeds up by 4% per
-interval (doubling per interval until the first cut), in between it holds; never above
+interval (doubling once per feedback loop until the first cut), in between it holds;
+never above
 min(client's ask, server's cap). Random loss below 2% (a lossy WAN path) therefore never
 slows the sender: only a queue overflowing does, which is what a rate-based blast wants.
 
@@ -64,7 +65,9 @@ def adapt_rate(
       the link, so goodput stays at the link rate).
 
     The caller applies at most one decrease per feedback loop: after a cut it ignores
-    reports until they describe datagrams sent after it. The result is clamped to
+    reports until they describe datagrams sent after it; likewise at most one slow-start
+    doubling (a report every 50 ms on a 100+ ms path would double the rate several times
+    before any loss came back). The result is clamped to
     ``MIN_RATE_BPS..target``.
 
     Returns:
