@@ -710,7 +710,18 @@ class StripePlanner:
         # and widening then only loads the origin: the mixed fleet's origin sent 6 F).
         stalled = rates.received_now == 0.0
         delivered = 0.0 if stalled else peers
-        state = decide(view.mode or MixState(), delivered, estimate, backlog, now)
+        # The work S3 could take off the swarm: what peers hold for the node; or, for a
+        # node with no stripe left before the fleet has an allocation, all it lacks.
+        # Every piece is then on its way from the origin (stripes are assigned until
+        # none is left), and the stripes were read fast: a same-region S3 gave six
+        # 250 Mbit nodes their stripes in a second, and they sat idle for the next
+        # one or two while peers connected and nobody had a backlog for them. Where
+        # the origin is the bottleneck the stripes last until the allocation is there
+        # and governs (below).
+        work = backlog
+        if node not in s3 and self.capacity.last(info_hash) is None:
+            work = max(backlog, (count - held.bit_count()) * piece_size)
+        state = decide(view.mode or MixState(), delivered, estimate, work, now)
         starved = stalled or 0.0 <= rates.received_now < STARVED_SHARE * rates.down_peak
         if state.mode is Mode.WIDE and not starved and self.capacity.last(info_hash) is not None:
             # Once the fleet has an allocation, its direct share is what S3 gives a node
