@@ -201,6 +201,31 @@ def test_origin_bound_start_neither_reads_all_nor_fills():
             assert plan.mode is not Mode.ALL and not plan.fill, (t, node)
 
 
+def test_a_node_done_with_its_stripe_before_an_allocation_reads_on():
+    """s3-fast: the stripes left S3 in a second; a node whose stripe is done, before
+    peers have had their warm-up (no allocation yet), has nobody holding anything for it
+    and sat idle. All it lacks is work S3 can take: it widens after HOLD_SECONDS. A node
+    whose stripe can still be topped up with pieces nobody reads reads those instead."""
+    planner = StripePlanner(stripe_bytes=16 * MiB)
+    _plan(planner, "a", count=32, now=0.0)
+    assert _plan(planner, "b", count=32, now=0.0).stripe  # two stripes cover the object
+    for step, t in enumerate((0.5, 1.0, 1.5, 2.0), 1):
+        # a has its stripe (16 MiB in half a second); b reads its own, 3 pieces a step
+        a = _plan(planner, "a", count=32, held=(1 << 16) - 1, now=t, s3=16 * MiB)
+        b_held = ((1 << 3 * step) - 1) << 16
+        _plan(planner, "b", count=32, held=b_held, now=t, s3=3 * MiB * step)
+    assert planner.capacity.last("ab" * 20) is None
+    assert a.mode is Mode.WIDE
+    # alone on a larger object: its stripe is topped up with fresh pieces, no WIDE
+    alone = StripePlanner(stripe_bytes=16 * MiB)
+    _plan(alone, "a", count=64, now=0.0)
+    held = 0
+    for step, t in enumerate((0.5, 1.0, 1.5, 2.0), 1):
+        held |= (1 << 8 * step) - 1
+        a = _plan(alone, "a", count=64, held=held, now=t, s3=8 * MiB * step)
+        assert a.stripe and a.mode is Mode.STRIPE, t
+
+
 def test_a_swarm_that_stops_sending_widens_the_node_at_once():
     """The s3-fast fleet: a node got 21 MiB from peers in its first half second, then
     nothing for three seconds while its stripe was done and peers held what it lacked.
