@@ -88,7 +88,8 @@ from swarm.coordinator.fleet import (
     parse_report,
 )
 from swarm.coordinator.history import History
-from swarm.coordinator.origin import GeometryError, NodeRates, StripePlanner, bits, spare_upload
+from swarm.coordinator.origin import GeometryError, StripePlanner, bits
+from swarm.coordinator.rates import NodeRates, spare_upload
 from swarm.coordinator.tracker import (
     Announce,
     RemoteProtocolError,

@@ -80,11 +80,10 @@ from swarm.coordinator.origin import (
     Commit,
     Committed,
     GeometryError,
-    NodeRates,
     PlanState,
     set_bits,
-    spare_upload,
 )
+from swarm.coordinator.rates import NodeRates, spare_upload
 from swarm.coordinator.tracker import Announce, Peer
 from swarm.errors import UsageError
 from swarm.policy import MixState, Mode

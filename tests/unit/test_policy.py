@@ -14,7 +14,8 @@ from swarm.agent.hybrid import (
     wide_pieces,
 )
 from swarm.coordinator.capacity import PEERS_WARMUP
-from swarm.coordinator.origin import MIN_PEAK_INTERVAL, StripePlanner, bits, update_rates
+from swarm.coordinator.origin import StripePlanner, bits
+from swarm.coordinator.rates import MIN_PEAK_INTERVAL, update_rates
 from swarm.policy import (
     HOLD_SECONDS,
     MixState,

@@ -1,0 +1,161 @@
+"""One node's rates for one artifact, from the byte counters in its reports.
+
+Computed by the coordinator, not trusted from nodes: EMAs of each source's download
+rate and of the upload rate (what the stripe planner and the tracker's ranking follow),
+and one interval's counters (the peaks the allocator takes as link capacities, and a
+reader's S3 rate of the moment). Pure: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from swarm.policy import ema, rate
+
+
+@dataclass
+class NodeRates:
+    """One node's rate averages (bytes/s) for one artifact."""
+
+    at: float
+    counters: dict[str, int]
+    down: dict[str, float] = field(default_factory=dict)
+    up: float = 0.0
+    up_peak: float = 0.0
+    """Peak upload rate over one report interval: the node's upload capacity as far as
+    it has shown it (from its ``uploaded`` counter; from libtorrent's rate for a node
+    that does not send one)."""
+    down_peak: float = 0.0
+    """Peak of the total download rate (every source): the node's download capacity as
+    far as it has shown it."""
+    received_now: float = -1.0
+    """Bytes/s the node received from every source over the last report interval alone
+    (not averaged; -1: no interval yet). A node that S3 and peers both left idle shows
+    here at once, while the peers' EMA takes seconds to decay."""
+    uploaded: int = -1
+    """The node's upload counter as of this report (-1: it sends none)."""
+    node_at: float = -1.0
+    """The node's own clock when it read its counters (the fetch's ``elapsed``; -1: it
+    sends none). Intervals are timed on it where both reports carry it: a report
+    delayed on a busy node or in transit no longer makes the next interval look fast."""
+    s3_now: float = 0.0
+    """Bytes/s from S3 over the last interval of at least :data:`MIN_PEAK_INTERVAL`
+    (not averaged): what S3 gives this reader now, a one-second stripe included."""
+    s3_peak: float = 0.0
+    """The most of :attr:`s3_now` so far: whether S3 ever filled this node's link."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "at": self.at,
+            "counters": self.counters,
+            "down": self.down,
+            "up": self.up,
+            "up_peak": self.up_peak,
+            "down_peak": self.down_peak,
+            "received_now": self.received_now,
+            "uploaded": self.uploaded,
+            "node_at": self.node_at,
+            "s3_now": self.s3_now,
+            "s3_peak": self.s3_peak,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> NodeRates:
+        return cls(
+            float(data["at"]),  # type: ignore[arg-type]
+            {str(k): int(v) for k, v in data["counters"].items()},  # type: ignore[attr-defined]
+            {str(k): float(v) for k, v in data["down"].items()},  # type: ignore[attr-defined]
+            float(data["up"]),  # type: ignore[arg-type]
+            float(data["up_peak"]),  # type: ignore[arg-type]
+            float(data.get("down_peak", 0.0)),  # type: ignore[arg-type]
+            float(data.get("received_now", -1.0)),  # type: ignore[arg-type]
+            int(data.get("uploaded", -1)),  # type: ignore[call-overload]
+            float(data.get("node_at", -1.0)),  # type: ignore[arg-type]
+            float(data.get("s3_now", 0.0)),  # type: ignore[arg-type]
+            float(data.get("s3_peak", 0.0)),  # type: ignore[arg-type]
+        )
+
+
+STARVED_SHARE: Final = 0.1
+"""A node that received less than this share of its download capacity (its peak) over
+the last report interval is starved: it may widen even under an allocation."""
+
+MIN_PEAK_INTERVAL: Final = 0.5
+"""Seconds a report interval must span for its rates to count as a peak (or as the S3
+rate of the moment): bytes move in whole pieces, and a short interval (a report the
+reader woke after its batch) shows one piece more or less as a large rate. Intervals
+timed on arrival (a node that sends no clock) are noisier still: two reports close
+together, one delayed in transit, show bytes of a second as sent in a fraction of one."""
+
+
+def update_rates(
+    previous: NodeRates | None,
+    counters: dict[str, int],
+    up_rate: float,
+    now: float,
+    uploaded: int | None = None,
+    node_at: float | None = None,
+) -> NodeRates:
+    """The node's rates after a report with cumulative ``counters`` (and ``uploaded``)
+    at ``now``; ``node_at``: the node's own clock for them, if it sent one.
+
+    The averages (``down``, ``up``) follow the coordinator's clock. The peaks and the
+    S3 rate of the moment are one interval's counters (node-timed where possible): an
+    average of one-second stripe bursts reads as a fraction of the link, and the
+    s3-fast fleet (S3 fills every node's link) never showed that S3 had filled its
+    links (MIX, never ALL, 2.3x T*)."""
+    sent = -1 if uploaded is None else uploaded
+    clock = -1.0 if node_at is None else node_at
+    if previous is None:
+        peak = up_rate if uploaded is None else 0.0
+        return NodeRates(
+            now,
+            dict(counters),
+            {s: 0.0 for s in counters},
+            up_rate,
+            peak,
+            uploaded=sent,
+            node_at=clock,
+        )
+    dt = now - previous.at
+    # the interval of the counters: the node's clock if both reports carry it
+    span = clock - previous.node_at if clock >= 0 and previous.node_at >= 0 else dt
+    down = dict(previous.down)
+    samples: dict[str, float] = {}
+    for source, total in counters.items():
+        samples[source] = rate(previous.counters.get(source, 0), total, span)
+        down[source] = ema(down.get(source), rate(previous.counters.get(source, 0), total, dt), dt)
+    up = ema(previous.up, up_rate, dt)
+    whole = span >= MIN_PEAK_INTERVAL
+    if uploaded is None or previous.uploaded < 0:
+        up_sample = up_rate  # libtorrent's own average: slow to rise, never too high
+    elif whole:
+        up_sample = rate(previous.uploaded, uploaded, span)
+    else:
+        up_sample = 0.0
+    received = sum(samples.values())
+    s3_now = samples.get("s3", 0.0) if whole else previous.s3_now
+    return NodeRates(
+        max(previous.at, now),
+        dict(counters),
+        down,
+        up,
+        max(previous.up_peak, up_sample),
+        max(previous.down_peak, sum(down.values()), received if whole else 0.0),
+        received if span > 0 else previous.received_now,
+        sent,
+        clock,
+        s3_now,
+        max(previous.s3_peak, s3_now),
+    )
+
+
+def spare_upload(rates: Iterable[NodeRates]) -> float:
+    """Upload headroom of a node: its peak upload EMA minus its current one, over its
+    artifacts (0 for a node with no rates)."""
+    entries = list(rates)
+    if not entries:
+        return 0.0
+    return max(0.0, max(r.up_peak for r in entries) - sum(r.up for r in entries))
