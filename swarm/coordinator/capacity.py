@@ -73,10 +73,10 @@ what they send it is limited by their uploads (see the module docstring)."""
 ALL_PROOF: Final = 2.0
 """Seconds an ALL allocation stands before a snapshot may take it back. Every node then
 reads at full width, and their S3 rates together show what the origin gives them all
-at once; before, the snapshots that said ALL (stripes read at slightly
-different moments, the nodes' peaks still rising) can flip to MIX and back (s3-fast:
-ALL, MIX 52%, ALL within three seconds), and a node that went ALL writes its S3 pieces
-past libtorrent, so MIX meanwhile had it take the same pieces from peers again."""
+at once. Before that, the inputs that said ALL are still moving (stripes read at
+slightly different moments, the nodes' peaks rising as peers ramp up): s3-fast went
+ALL, MIX 52%, ALL within three seconds, and since a node that went ALL writes its S3
+pieces past libtorrent, the MIX in between had it take the same pieces from peers."""
 
 
 ORIGIN_WINDOW: Final = 1.0
@@ -124,9 +124,9 @@ class _Artifact:
     peers_since: float | None = None
     """When a fetching node was first seen receiving from peers."""
     mix_since: float | None = None
+    """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
     all_since: float | None = None
     """Since when the allocation has been ALL (see :data:`ALL_PROOF`)."""
-    """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
     origin_peak: float = 0.0
     """The most S3 gave its readers together (the sum of their rates) this cohort:
     what the origin can give at least. The per-reader rate times the readers of the

@@ -123,10 +123,11 @@ def update_rates(
     # the interval of the counters: the node's clock if both reports carry it
     span = clock - previous.node_at if clock >= 0 and previous.node_at >= 0 else dt
     down = dict(previous.down)
-    samples: dict[str, float] = {}
+    samples: dict[str, float] = {}  # each source's rate over this interval alone
     for source, total in counters.items():
-        samples[source] = rate(previous.counters.get(source, 0), total, span)
-        down[source] = ema(down.get(source), rate(previous.counters.get(source, 0), total, dt), dt)
+        before = previous.counters.get(source, 0)
+        samples[source] = rate(before, total, span)
+        down[source] = ema(down.get(source), rate(before, total, dt), dt)
     up = ema(previous.up, up_rate, dt)
     whole = span >= MIN_PEAK_INTERVAL
     if uploaded is None or previous.uploaded < 0:
