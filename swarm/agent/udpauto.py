@@ -11,8 +11,7 @@ rate. Nothing tells a node that it is far: it measures.
   has, :data:`SESSION_SECONDS` of UDP's last rate at a time. A session is long because
   each costs a few round trips (handshake, tail); batches of 4 MiB measured a fifth of
   UDP's rate on a 100 ms path.
-- After :data:`PROBE_SECONDS` (or :data:`PROBE_RTTS` round trips of a far holder), a
-  session goes on while UDP delivers :data:`UDP_BETTER`
+- After :data:`PROBE_SECONDS`, a session goes on while UDP delivers :data:`UDP_BETTER`
   times TCP's rate over the last :data:`RATE_WINDOW`; when it does not (TCP caught up,
   or the holder is slow) it stops, and the next try waits twice as long as the last
   (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
@@ -53,7 +52,7 @@ from swarm.udp import FetchStats, UdpAuthError, UdpError
 
 log = logging.getLogger(__name__)
 
-START_AFTER: Final = 2.0
+START_AFTER: Final = 3.0
 """Seconds into a fetch before the first probe: TCP's slow start and the first piece
 exchanges need that long to show their rate."""
 
@@ -73,13 +72,6 @@ MAX_SESSION_BYTES: Final = 1 << 30
 PROBE_SECONDS: Final = 2.0
 """A session is not judged before this: its handshake takes a few round trips, and its
 rate doubles per report from an eighth of the target (:mod:`swarm.udp.rate`)."""
-
-PROBE_RTTS: Final = 10.0
-"""Round trips a session gets before it is judged, if that is longer than
-:data:`PROBE_SECONDS`: the handshake takes three, slow start doubles once per round trip
-from an eighth of the target, and the first NAKed blocks come back a round trip later.
-Far holders measured 0.2-0.5 s under load (100 ms of WAN plus the tbf queues its TCP
-filled), and 2 s sessions stopped at 0.0-1.0 MB/s, before their rate showed."""
 
 RATE_WINDOW: Final = 1.5
 """Seconds over which UDP's and TCP's rates are compared while a session runs."""
@@ -131,12 +123,9 @@ class UdpChoice:
         want = max(SESSION_BYTES, int(self.udp_rate * SESSION_SECONDS))
         return min(missing_bytes, MAX_SESSION_BYTES, want)
 
-    def keep(self, running_for: float, udp_rate: float, tcp_rate: float, rtt: float = 0.0) -> bool:
-        """Whether a running session goes on (rates over the last :data:`RATE_WINDOW`);
-        ``rtt``: the holder's round trip, seconds (a long path gets :data:`PROBE_RTTS`
-        of them before it is judged)."""
-        probe = max(PROBE_SECONDS, PROBE_RTTS * rtt)
-        return running_for < probe or udp_rate >= UDP_BETTER * tcp_rate
+    def keep(self, running_for: float, udp_rate: float, tcp_rate: float) -> bool:
+        """Whether a running session goes on (rates over the last :data:`RATE_WINDOW`)."""
+        return running_for < PROBE_SECONDS or udp_rate >= UDP_BETTER * tcp_rate
 
     def ended(self, now: float, udp_rate: float, paid: bool) -> None:
         """A session ended: it ran its course at ``udp_rate`` (``paid``: try again at
@@ -361,7 +350,7 @@ def auto_udp(
                     continue
                 log.info("udp: %s answers a connect in %.1f ms", holder.ip, rtt * 1e3)
                 far[holder.ip] = rtt
-            pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes, far[holder.ip])
+            pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
             udp_rate, paid = pull.run(choice)
             if pull.error is not None:
                 log.info("udp from %s:%d failed: %s", holder.ip, port, pull.error)
@@ -410,11 +399,8 @@ class _Session:
         secret: bytes,
         pieces: list[int],
         tcp_bytes: Callable[[], int],
-        rtt: float = 0.0,
     ) -> None:
         self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
-        self.rtt = rtt
-        """The holder's round trip as its connects showed it (seconds)."""
         self.pieces = pieces
         self.tcp_bytes = tcp_bytes
         self.stop = threading.Event()
@@ -450,7 +436,7 @@ class _Session:
             if rates is None or self.stop.is_set():
                 continue
             udp_rate, self.tcp_rate = rates
-            if not choice.keep(now - started, udp_rate, self.tcp_rate, self.rtt):
+            if not choice.keep(now - started, udp_rate, self.tcp_rate):
                 lost = True
                 self.stop.set()
         took = max(time.monotonic() - started, 1e-3)
