@@ -119,7 +119,6 @@ class _Artifact:
     allocation: Allocation | None = None
     snapshot: Snapshot | None = None
     """What the allocation was computed from (shown in the fleet view)."""
-    bound: float = 0.0
     at: float = -math.inf
     peers_since: float | None = None
     """When a fetching node was first seen receiving from peers."""
@@ -135,8 +134,8 @@ class _Artifact:
     s3_rates: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Each node's S3 rate over its last report interval, and when it reported it."""
     together: float = 0.0
-    """The most those rates summed to, over nodes that reported within
-    :data:`ORIGIN_WINDOW` of each other (see :func:`fed_every_link`)."""
+    """The most those rates summed to at a snapshot, over the nodes that reported within
+    :data:`ORIGIN_WINDOW` before it (see :func:`fed_every_link`)."""
 
 
 class CapacityBook:
@@ -192,16 +191,11 @@ class CapacityBook:
             art.origin_peak = max(art.origin_peak, aggregate)
 
     def note_s3(self, info_hash: str, node: str, rate: float, now: float) -> None:
-        """A node's S3 rate over its last report interval (bytes/s, from its counter):
-        the nodes' rates reported within :data:`ORIGIN_WINDOW` sum to what S3 gave
-        them at once."""
+        """A node's S3 rate over its last report interval (bytes/s, from its counter).
+        O(1): the sum over the nodes is taken per snapshot (:meth:`allocation`)."""
         art = self._artifacts.get(info_hash)
-        if art is None:
-            return
-        art.s3_rates[node] = (rate, now)
-        recent = now - ORIGIN_WINDOW
-        at_once = sum(r for r, at in art.s3_rates.values() if at >= recent)
-        art.together = max(art.together, at_once)
+        if art is not None:
+            art.s3_rates[node] = (rate, now)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -215,6 +209,10 @@ class CapacityBook:
         if now - art.at < SNAPSHOT_PERIOD:
             return art.allocation
         art.at = now
+        # the nodes' S3 rates reported within ORIGIN_WINDOW: what S3 gave them at once
+        recent = now - ORIGIN_WINDOW
+        at_once = sum(r for r, at in art.s3_rates.values() if at >= recent)
+        art.together = max(art.together, at_once)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         snap = snapshot(
@@ -236,7 +234,7 @@ class CapacityBook:
                 and now - art.all_since < ALL_PROOF
             ):
                 return art.allocation  # ALL has not had its chance to show the origin
-            art.allocation, art.bound, art.snapshot = plan, bound(snap), snap
+            art.allocation, art.snapshot = plan, snap
             if plan.mode is not Mode.ALL:
                 art.all_since = None
             elif art.all_since is None:
@@ -270,7 +268,7 @@ class CapacityBook:
             "mode": plan.mode.value,
             "direct": round(plan.direct, 3),
             "predicted_seconds": round(plan.finish, 2),
-            "bound_seconds": round(art.bound, 2),
+            "bound_seconds": round(bound(snap), 2) if snap is not None else None,
         }
         if snap is not None:  # the capacities it was planned on (bytes/s; None: unlimited)
             described["capacity"] = {
