@@ -19,7 +19,9 @@ rate. Nothing tells a node that it is far: it measures.
   downloading first, downwards from just below the node's stripe offset (S3 stripes go
   upwards from it, libtorrent rarest first), so the sources meet late (a duplicate costs
   one piece, which the sink drops) and the nodes of one region pull different pieces.
-- A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's.
+- A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's. The least is
+  the kernel's, of this node's TCP connections to it (:func:`kernel_min_rtt`), else of a
+  few connects (:func:`connect_rtt`).
 
 The choice (:class:`UdpChoice`) is pure; :func:`auto_udp` moves the bytes. The holder's
 UDP port is taken to be this node's own (a fleet-wide setting, ``--udp-port``).
@@ -32,8 +34,11 @@ import ipaddress
 import itertools
 import logging
 import math
+import re
+import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections import deque
@@ -100,6 +105,9 @@ then."""
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""
 
+SS = shutil.which("ss") or "/usr/bin/ss"
+"""iproute2's socket statistics: the kernel's own view of this node's TCP connections."""
+
 
 @dataclass
 class UdpChoice:
@@ -146,6 +154,28 @@ class UdpChoice:
 
 TCP_INFO_RTT_OFFSET: Final = 68
 """Offset of ``tcpi_rtt`` (microseconds, u32) in Linux's ``struct tcp_info``."""
+
+
+def kernel_min_rtt(ip: str) -> float | None:
+    """The least round trip the kernel has measured on any of this node's TCP connections
+    to ``ip`` (libtorrent's peer connection among them), in seconds; None if there is none,
+    or no ``ss``. Linux keeps each connection's minimum over a window of minutes
+    (``tcp_min_rtt_wlen``), so a moment with the queues drained is enough: on a near path
+    under load, three connects in a row all waited behind full tbf queues (40-120 ms in
+    the s3-fast fleet at a quarter of its rates), and every node ran two UDP sessions on
+    its LAN, each flooding a 62.5 Mbit uplink for three seconds for under 1 MB/s."""
+    try:
+        done = subprocess.run(
+            [SS, "-H", "-t", "-i", "-n", "dst", ip],
+            capture_output=True,
+            text=True,
+            timeout=2.0,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [float(v) for v in re.findall(r"\bminrtt:([0-9.]+)", done.stdout)]
+    return min(values) / 1e3 if values else None
 
 
 def handshake_rtt(sock: socket.socket) -> float | None:
@@ -337,6 +367,11 @@ def auto_udp(
             if holder is None or not pieces:
                 choice.ended(now, choice.udp_rate, paid=False)
                 continue
+            kernel = kernel_min_rtt(holder.ip)
+            if kernel is not None and kernel < NEAR_RTT:
+                set_near(holder.ip, kernel, "kernel's least")
+                choice.ended(time.monotonic(), choice.udp_rate, paid=False)
+                continue
             if holder.ip not in far:
                 rtt = connect_rtt(holder.ip, port)
                 if rtt is None:
@@ -348,7 +383,12 @@ def auto_udp(
                     set_near(holder.ip, rtt, "connect")
                     choice.ended(time.monotonic(), choice.udp_rate, paid=False)
                     continue
-                log.info("udp: %s answers a connect in %.1f ms", holder.ip, rtt * 1e3)
+                log.info(
+                    "udp: %s answers a connect in %.1f ms (kernel's least: %s)",
+                    holder.ip,
+                    rtt * 1e3,
+                    "none" if kernel is None else f"{kernel * 1e3:.1f} ms",
+                )
                 far[holder.ip] = rtt
             pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
             udp_rate, paid = pull.run(choice)

@@ -22,6 +22,7 @@ from swarm.agent.udpauto import (
     best_holder,
     connect_rtt,
     handshake_rtt,
+    kernel_min_rtt,
 )
 
 MiB = 1 << 20
@@ -140,3 +141,23 @@ def test_connect_rtt_leaves_out_a_late_wake_up(monkeypatch: pytest.MonkeyPatch) 
         rtt = connect_rtt("127.0.0.1", port, tries=1)
     assert kernel is not None and 0 < kernel < NEAR_RTT
     assert rtt is not None and rtt < NEAR_RTT
+
+
+def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection() -> None:
+    """The least round trip of this node's TCP connections to an address, as the kernel
+    measured it (``ss``): a loopback connection that carried data is near; an address
+    with no connection gives None (the connects decide then)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            peer, _ = listener.accept()
+            with peer:
+                sock.sendall(b"x" * 4096)
+                assert peer.recv(4096)
+                peer.sendall(b"y")
+                assert sock.recv(1) == b"y"
+                rtt = kernel_min_rtt("127.0.0.1")
+    assert rtt is not None and 0 < rtt < NEAR_RTT
+    assert kernel_min_rtt("192.0.2.1") is None  # TEST-NET-1: nothing connects there
