@@ -136,6 +136,11 @@ class _Artifact:
     together: float = 0.0
     """The most those rates summed to at a snapshot, over the nodes that reported within
     :data:`ORIGIN_WINDOW` before it (see :func:`fed_every_link`)."""
+    s3_bytes: dict[str, int] = field(default_factory=dict)
+    """Each node's S3 byte counter this cohort (kept when it completes)."""
+    cohort_start: float = math.inf
+    """When the cohort's first fetch started (the coordinator's clock: a report's arrival
+    less the node's ``elapsed``)."""
 
 
 class CapacityBook:
@@ -177,6 +182,8 @@ class CapacityBook:
                 art.mix_since, art.all_since = None, None
                 art.origin_peak, art.together = 0.0, 0.0
                 art.s3_rates.clear()
+                art.s3_bytes.clear()
+                art.cohort_start = math.inf
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -190,12 +197,25 @@ class CapacityBook:
         if art is not None:
             art.origin_peak = max(art.origin_peak, aggregate)
 
-    def note_s3(self, info_hash: str, node: str, rate: float, now: float) -> None:
-        """A node's S3 rate over its last report interval (bytes/s, from its counter).
-        O(1): the sum over the nodes is taken per snapshot (:meth:`allocation`)."""
+    def note_s3(
+        self,
+        info_hash: str,
+        node: str,
+        rate: float,
+        now: float,
+        total: int = 0,
+        started: float | None = None,
+    ) -> None:
+        """A node's S3 rate over its last report interval (bytes/s, from its counter),
+        its S3 byte counter ``total`` and when its fetch started (``started``, the
+        coordinator's clock; None if the node sends no clock). O(1): the sums over the
+        nodes are taken per snapshot (:meth:`allocation`)."""
         art = self._artifacts.get(info_hash)
         if art is not None:
             art.s3_rates[node] = (rate, now)
+            if started is not None:
+                art.s3_bytes[node] = total
+                art.cohort_start = min(art.cohort_start, started)
 
     def allocation(
         self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
@@ -213,6 +233,13 @@ class CapacityBook:
         recent = now - ORIGIN_WINDOW
         at_once = sum(r for r, at in art.s3_rates.values() if at >= recent)
         art.together = max(art.together, at_once)
+        # What the cohort has read from S3 since its first fetch started: the origin gave
+        # at least that on average (the s3-fast fleet read the whole object from it in a
+        # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
+        # and the plan went to stripes alone).
+        if now > art.cohort_start:
+            cohort = sum(art.s3_bytes.values()) / (now - art.cohort_start)
+            art.origin_peak = max(art.origin_peak, cohort)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         snap = snapshot(
@@ -289,6 +316,7 @@ class CapacityBook:
                 art.links.pop(node, None)
                 art.complete.pop(node, None)
                 art.s3_rates.pop(node, None)
+                art.s3_bytes.pop(node, None)
                 if not art.links and not art.complete:
                     del self._artifacts[info_hash]
 

@@ -534,7 +534,8 @@ class StripePlanner:
         if node in s3:
             s3[node] = rates.down.get("s3", 0.0)
         self.capacity.note_origin(info_hash, sum(s3.values()))
-        self.capacity.note_s3(info_hash, node, rates.s3_now, now)
+        started = now - node_at if node_at is not None and node_at >= 0 else None
+        self.capacity.note_s3(info_hash, node, rates.s3_now, now, counters.get("s3", 0), started)
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from swarm.coordinator.allocate import Mode, Snapshot, allocate, bound
+from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
 from swarm.coordinator.capacity import (
     ALL_PROOF,
     DIRECT_HOLD,
@@ -321,3 +321,28 @@ def test_a_direct_share_is_read_only_once_it_held_two_snapshots() -> None:
     book.allocation("ih", 50 * MBIT, readers=8, now=20.0)
     assert book.allocation("ih", 50 * MBIT, readers=8, now=20.0 + PEERS_WARMUP) is not None
     assert book.direct_share("ih", 20.0 + PEERS_WARMUP) == 0.0
+
+
+def test_the_origin_gave_at_least_what_the_cohort_read_since_it_started() -> None:
+    """s3-fast: six nodes read the whole object from S3 in a second and a half, in
+    stripes that started apart; their averaged rates said 27 MB/s of the origin's 187,
+    and the plan went to stripes alone. What the cohort read since its first fetch began,
+    over that time, is a floor the origin gave for sure; it never exceeds what the origin
+    sent (origin-bound: 100 Mbit for 8 nodes stays striped)."""
+    six = [f"n{i}" for i in range(6)]
+
+    def plan(mbit_read: float, seconds: float, down: float) -> Allocation | None:
+        book = CapacityBook()
+        _report(book, six, down=down, up=down, peers=down / 2)
+        for i, node in enumerate(six):  # fetches started 0.1 s apart from t = 0
+            share = int(mbit_read * MBIT * seconds / len(six))
+            book.note_s3("ih", node, 0.0, now=seconds, total=share, started=0.1 * i)
+        book.allocation("ih", 10 * MBIT, readers=6, now=seconds - PEERS_WARMUP)
+        return book.allocation("ih", 10 * MBIT, readers=6, now=seconds)
+
+    fast = plan(700, 1.5, down=250)  # 128 MiB in 1.5 s: the origin gave 700 Mbit at least
+    assert fast is not None and fast.mode is Mode.MIX and fast.direct > 0.3
+    forgetful = plan(0, 1.5, down=250)  # without the counters: the readers' 10 Mbit
+    assert forgetful is not None and forgetful.mode is Mode.STRIPE
+    bound = plan(100, 10.0, down=200)  # the origin-bound cohort: 100 Mbit over 10 s
+    assert bound is not None and bound.mode is Mode.STRIPE
