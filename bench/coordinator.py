@@ -575,8 +575,10 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
     O(1) per request. ``process_time``, so other processes on the machine matter less."""
     sys.path.insert(0, str(ROOT))
     from swarm.coordinator.app import _plan_origin, report_interval
-    from swarm.coordinator.fleet import MemoryPeerStore, parse_epoch, parse_report
+    from swarm.coordinator.fleet import parse_epoch
+    from swarm.coordinator.memorystore import MemoryPeerStore
     from swarm.coordinator.origin import StripePlanner
+    from swarm.coordinator.reports import parse_report
     from swarm.coordinator.tracker import parse_announce
 
     print("| nodes | CPU per report | CPU per announce |\n|---|---|---|")

@@ -9,7 +9,7 @@ Routes:
     GET  /healthz     liveness: {"ok": true}
     GET  /metrics     Prometheus text format
 
-``POST /v1/report`` (body: :func:`swarm.coordinator.fleet.parse_report`; at most 1 MiB)
+``POST /v1/report`` (body: :func:`swarm.coordinator.reports.parse_report`; at most 1 MiB)
 replies 200 with::
 
     {"ok": true,
@@ -77,19 +77,16 @@ from swarm.coordinator.fleet import (
     REPORT_INTERVAL,
     REPORT_TTL,
     REPORT_TTL_INTERVALS,
-    Completion,
     Members,
-    MemoryPeerStore,
-    NodeReport,
     PeerStore,
-    ReportError,
     StoreFull,
     parse_epoch,
-    parse_report,
 )
 from swarm.coordinator.history import History
+from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.origin import GeometryError, StripePlanner, bits
 from swarm.coordinator.rates import NodeRates, spare_upload
+from swarm.coordinator.reports import Completion, NodeReport, ReportError, parse_report
 from swarm.coordinator.tracker import (
     Announce,
     RemoteProtocolError,
@@ -396,7 +393,8 @@ def run(
     planner: StripePlanner | None = None
     budget = REPORT_BUDGET if report_budget is None else report_budget
     if store_url:
-        from swarm.coordinator.redisstore import RedisPeerStore, RedisPlanState, connect
+        from swarm.coordinator.redisplan import RedisPlanState
+        from swarm.coordinator.redisstore import RedisPeerStore, connect
 
         client = connect(store_url)
         try:

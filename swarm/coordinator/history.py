@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Final
 
-from swarm.coordinator.fleet import Completion
+from swarm.coordinator.reports import Completion
 from swarm.errors import SwarmError
 
 SCHEMA_VERSION: Final = 1

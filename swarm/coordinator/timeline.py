@@ -35,7 +35,7 @@ every second; a few missed reports mean it stopped or lost the coordinator)."""
 
 class ItemReport(Protocol):
     """What the timeline reads of one artifact in a node report
-    (:class:`swarm.coordinator.fleet.ArtifactReport` is one)."""
+    (:class:`swarm.coordinator.reports.ArtifactReport` is one)."""
 
     @property
     def info_hash(self) -> str: ...

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from swarm.coordinator.fleet import (
+from swarm.coordinator.reports import (
     MAX_NODE_ID,
     MAX_PIECE_COUNT,
     MAX_PIECE_SIZE,
@@ -185,7 +185,7 @@ def test_announce_arbitrary_input_raises_only_remote_protocol_error(query: bytes
     _check_announce(_only(RemoteProtocolError, parse_announce, query))
 
 
-# -- node report (fleet.parse_report): only ReportError ------------------------------------
+# -- node report (reports.parse_report): only ReportError ------------------------------------
 
 ODD_VALUES = st.sampled_from(
     [

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from swarm.coordinator.app import make_app, parse_listen
-from swarm.coordinator.fleet import MemoryPeerStore
+from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.tracker import decode_compact_peers
 from swarm.errors import UsageError
 from tests.servers import wait_until

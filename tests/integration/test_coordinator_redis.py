@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 
 from swarm.coordinator.app import make_app
-from swarm.coordinator.fleet import parse_report
 from swarm.coordinator.origin import MemoryPlanState, StripePlanner
+from swarm.coordinator.reports import parse_report
 from swarm.coordinator.tracker import decode_compact_peers
 from tests.integration.test_coordinator import FakeClock, Server, pid, report, serve
 from tests.servers import FaultProxy, Faults, free_port, wait_until
@@ -30,7 +30,8 @@ from tests.unit.test_coordinator_scale import HASH, MiB, plan, steps
 FETCH_TIMEOUT = 120
 
 redis = pytest.importorskip("redis")
-from swarm.coordinator.redisstore import RedisPeerStore, RedisPlanState  # noqa: E402
+from swarm.coordinator.redisplan import RedisPlanState  # noqa: E402
+from swarm.coordinator.redisstore import RedisPeerStore  # noqa: E402
 
 REDIS_SERVER = shutil.which("redis-server")
 if REDIS_SERVER is None and not os.environ.get("CI"):

@@ -11,16 +11,16 @@ from urllib.parse import quote_from_bytes
 import fastbencode
 import pytest
 
-from swarm.coordinator.fleet import (
+from swarm.coordinator.history import History
+from swarm.coordinator.memorystore import MemoryPeerStore
+from swarm.coordinator.ranking import rank_peers
+from swarm.coordinator.reports import (
     Completion,
-    MemoryPeerStore,
     NodeReport,
     PeerRecord,
     ReportError,
     parse_report,
-    rank_peers,
 )
-from swarm.coordinator.history import History
 from swarm.coordinator.tracker import (
     DEFAULT_NUMWANT,
     MAX_NUMWANT,
