@@ -427,7 +427,7 @@ def daemon(
     # as long as the process; collecting during them only re-scans them. Freeze them out
     # of later collections too.
     gc.disable()
-    from swarm.agent.daemon import serve
+    from swarm.agent.serve import serve
     from swarm.fleetauth import install_redactor
 
     gc.freeze()

@@ -7,8 +7,9 @@ seeding whatever it holds: that is how existing instances seed new ones.
 Its roles, a module each: the artifact registry (:mod:`.registry`), sources as
 supervised tasks (:mod:`.supervisor`, with the S3 reader :mod:`.origin` and the UDP
 source :mod:`.udpsource`), the whole-file hash and DEST (:mod:`.finisher`), status
-(:mod:`.status`), the local API (:mod:`.api`) and the reporter (:mod:`.reporter`).
-This module ties them together and runs the process.
+(:mod:`.status`), the local API (:mod:`.api`), the reporter (:mod:`.reporter`), what
+the UDP server sees of the pieces held (:mod:`.held`) and the process (:mod:`.serve`).
+This module ties them together.
 
 State under ``SWARM_HOME``::
 
@@ -22,19 +23,15 @@ State under ``SWARM_HOME``::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import math
 import os
 import secrets
-import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +39,11 @@ import libtorrent as lt
 
 from swarm import catalog
 from swarm.agent import finisher, registry, treefs
-from swarm.agent.api import ApiServer
-from swarm.agent.client import sock_path
 from swarm.agent.destlock import DestLock
+from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.origin import PLAN_TTL, read_origin
 from swarm.agent.registry import Artifact
-from swarm.agent.reporter import report_loop
 from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
 from swarm.agent.supervisor import SourceTask
@@ -61,17 +56,12 @@ from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
 from swarm.objectstore import make_client
 from swarm.sources.peers import DEFAULT_PORT, TorrentSession
-from swarm.udp import DEFAULT_PORT as UDP_PORT
-from swarm.udp import MIN_SECRET_LEN, UdpServer
 
 log = logging.getLogger(__name__)
 
 AUTO_UDP = "udp-auto"
 """The task name of the automatic UDP source (:mod:`.udpauto`), beside ``s3`` and
 ``udp://HOST:PORT``."""
-
-WATCH_INTERVAL = 2.0
-"""Seconds between checks that every seeded file is still the one verified."""
 
 REANNOUNCE_GAP = 2.0
 """Least seconds between announces forced by new fleet members: a scale-out of a
@@ -611,194 +601,3 @@ def _inode(path: Path) -> int | None:
         return path.stat().st_ino
     except OSError:
         return None
-
-
-def udp_secret(secret: str | None) -> bytes | None:
-    """The fleet secret as UDP's key material; None (UDP off) without one or if too short."""
-    if not secret:
-        return None
-    if len(secret.encode()) < MIN_SECRET_LEN:
-        log.warning("SWARM_SECRET is shorter than %d bytes: UDP stays off", MIN_SECRET_LEN)
-        return None
-    return secret.encode()
-
-
-@dataclass(frozen=True)
-class HeldPieces:
-    """An artifact this daemon holds, as the UDP server sees it (held pieces only)."""
-
-    artifact: Artifact
-
-    @property
-    def piece_size(self) -> int:
-        return self.artifact.manifest.piece_size
-
-    @property
-    def piece_count(self) -> int:
-        return self.artifact.manifest.layout.count
-
-    @property
-    def total_size(self) -> int:
-        return self.artifact.manifest.size
-
-    def has(self, index: int) -> bool:
-        return self.artifact.sink.have(index)
-
-    def read(self, index: int) -> bytes:
-        if self.artifact.manifest.is_tree:
-            return treefs.read_piece(self.artifact.manifest, self.artifact.data_path, index)
-        layout = self.artifact.manifest.layout
-        with self.artifact.data_path.open("rb") as data:
-            return os.pread(data.fileno(), layout.length(index), layout.offset(index))
-
-
-class HeldArtifacts:
-    """The daemon's :class:`swarm.udp.PieceProvider`."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-
-    def lookup(self, info_hash_hex: str) -> HeldPieces | None:
-        artifact = self.daemon.artifacts.get(info_hash_hex.lower())
-        return HeldPieces(artifact) if artifact else None
-
-
-# -- the process ------------------------------------------------------------------------------
-
-
-def hold_lock(home: Path) -> int:
-    """One daemon per SWARM_HOME: an exclusive flock held for the process's life."""
-    fd = os.open(home / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SwarmError(f"swarm: a daemon already runs for {home}") from None
-    return fd
-
-
-async def asg_loop(daemon: Daemon, group: str, port: int) -> None:
-    """Connect to the group's instances as peers, again every ``REFRESH_SECONDS``."""
-    from swarm.sources.asg import REFRESH_SECONDS, asg_peer_ips
-
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            ips = await loop.run_in_executor(
-                None,
-                lambda: asg_peer_ips(group, exclude={daemon.listen_ip}),
-            )
-            dialled = daemon.connect_peers([(ip, port) for ip in ips])
-            log.info("asg %s: %d instances, %d peer connections tried", group, len(ips), dialled)
-        except SwarmError as error:
-            log.warning("%s", error)
-        await asyncio.sleep(REFRESH_SECONDS)
-
-
-async def watch_loop(daemon: Daemon) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-        await asyncio.sleep(WATCH_INTERVAL)
-        try:
-            await loop.run_in_executor(None, daemon.watch)
-        except Exception:  # the watchdog must outlive one bad check
-            log.exception("watching the seeded files failed")
-
-
-async def wait_listening(daemon: Daemon, port: int, timeout: float = 3.0) -> bool:
-    """True once libtorrent listens on ``port`` (it binds in the background)."""
-    deadline = time.monotonic() + timeout
-    while daemon.session.listen_port != port:
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
-async def serve(
-    settings: Settings,
-    listen_ip: str,
-    port: int,
-    on_ready: Callable[[Daemon], Awaitable[None]] | None = None,
-    peers_from_asg: str | None = None,
-    udp_port: int = UDP_PORT,
-    upload_limit: int = 0,
-) -> None:
-    """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders)."""
-    settings.home.mkdir(parents=True, exist_ok=True)
-    lock = hold_lock(settings.home)
-    daemon = Daemon(settings, listen_ip, port, upload_limit)
-    if port and not await wait_listening(daemon, port):
-        daemon.close()
-        os.close(lock)
-        raise UsageError(
-            f"swarm: cannot listen on {listen_ip}:{port} (in use by another daemon or "
-            "BitTorrent client?): stop it, or give this node another --listen IP or --port"
-        )
-    # The marker exists only between a clean close and the next start: its absence means
-    # the last daemon died (kill -9, power loss) and its resume data may lie.
-    marker = settings.home / "clean-shutdown"
-    clean = marker.exists()
-    marker.unlink(missing_ok=True)
-    if not clean and any((settings.home / "artifacts").glob("*.swarm")):
-        log.info("previous daemon did not stop cleanly: verifying data files")
-    daemon.restore(clean)
-    sock = sock_path(settings.home)
-    with contextlib.suppress(FileNotFoundError):
-        sock.unlink()
-    loop = asyncio.get_running_loop()
-    api = ApiServer(daemon, sock, loop)
-    api.start()
-    (settings.home / "daemon.pid").write_text(str(os.getpid()))
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    wake = asyncio.Event()
-    daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
-    tasks: list[asyncio.Task[None]] = [asyncio.create_task(watch_loop(daemon))]
-    if settings.coordinator:
-        tasks.append(asyncio.create_task(report_loop(daemon, wake)))
-
-    def start_asg(group: str) -> None:
-        def start() -> None:
-            tasks.append(asyncio.create_task(asg_loop(daemon, group, port)))
-
-        loop.call_soon_threadsafe(start)
-
-    daemon.start_asg = start_asg
-    if peers_from_asg:
-        daemon.asg_groups.add(peers_from_asg)
-        start_asg(peers_from_asg)
-    udp_server = None
-    if daemon.udp_secret and udp_port:
-        udp_server = UdpServer(
-            daemon.udp_secret, HeldArtifacts(daemon), host=listen_ip, port=udp_port
-        )
-        await udp_server.start()
-        daemon.udp_port = udp_port
-        log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
-    if on_ready:
-        tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]
-    log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
-    try:
-        await stop.wait()
-        log.info("stopping: saving resume data")
-    finally:
-        for task in tasks:
-            task.cancel()
-        if udp_server:
-            await udp_server.close()
-        # A stop does not wait for API requests still in flight (a fetch request blocked
-        # on an S3 endpoint that never answers): their threads are daemon threads.
-        await loop.run_in_executor(None, api.stop)
-        await loop.run_in_executor(None, daemon.close)
-        marker.write_text(str(os.getpid()))
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
-        os.close(lock)
-        log.info("stopped")
-        # Everything worth keeping is saved. Threads still blocked in an S3 read or a
-        # retry's backoff would hold the interpreter's exit (and systemd's stop) for as
-        # long as their timeouts: leave now.
-        logging.shutdown()
-        os._exit(0)

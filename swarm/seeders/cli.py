@@ -35,7 +35,7 @@ def origin(
     catalog: str | None, artifacts: tuple[str, ...], listen: str, port: int, coordinator: str | None
 ) -> None:
     """Pull artifacts from S3 at full speed and seed them (pre-heat a fleet)."""
-    from swarm.agent.daemon import serve
+    from swarm.agent.serve import serve
     from swarm.seeders.origin import preheat
 
     try:
