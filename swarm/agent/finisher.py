@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,9 @@ HASH_EXTENT = 32 << 20
 """Bytes of held prefix hashed per flush: a flush is a fence in libtorrent's disk queue,
 so not per piece; small enough that the tail left after the last piece is hashed in
 well under the 0.25 s per GiB budget."""
+
+SLOW_PIECE_LOG = 10.0
+"""Seconds the hash may wait for the next piece before the log says so."""
 
 READ_CHUNK = 16 << 20
 """Bytes read back and hashed at once (one reused buffer: no allocation per read)."""
@@ -100,12 +104,20 @@ class Finisher:
         fd = -1  # opened after the first flush: libtorrent creates the file at its first write
         try:
             index = 0
+            waiting_since, told = time.monotonic(), False
             while index < count:
                 end = self._held_prefix_end(index)
                 if end < count and end - index < per_extent:
                     if self.cancel.wait(0.05):
                         raise SwarmError("swarm: the fetch was cancelled")
+                    if not told and time.monotonic() - waiting_since > SLOW_PIECE_LOG:
+                        told = True  # a fetch that stalls here says where it stands
+                        log.info(
+                            "sha256 of %s waits for piece %d (%d of %d held)",
+                            self.manifest.name, end, len(self.held()), count,
+                        )  # fmt: skip
                     continue
+                waiting_since, told = time.monotonic(), False
                 if not self.session.flush(self.manifest.info_hash):
                     continue  # no answer from libtorrent yet: ask again
                 if fd < 0:

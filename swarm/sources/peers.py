@@ -129,6 +129,11 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+FLUSH_TIMEOUT = 10.0
+"""Seconds a cache flush may take before it is asked again (it closes the torrent's
+files: milliseconds, even on a busy node)."""
+
+
 @dataclass
 class TorrentState:
     """What the session knows about one torrent, updated by the alert thread."""
@@ -287,16 +292,34 @@ class TorrentSession:
         state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
         return future
 
-    def flush(self, info_hash: str, timeout: float = 30.0) -> bool:
+    def flush(self, info_hash: str, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Wait until every piece libtorrent holds now is written to the file (readable by
-        another process or thread); False on timeout."""
+        another process or thread); False on timeout.
+
+        Each ``flush_cache`` answers with one ``cache_flushed_alert``, counted against
+        the requests. An answer that never comes would leave the count one behind for
+        good, and every later flush (the finisher asks again after a timeout) would wait
+        for it: two nodes of a swarm-bound fleet held every piece and never finished.
+        So a timeout writes the missing answers off; the caller's next request is then
+        answered by its own alert."""
         state = self.torrents[info_hash]
         with state.flushes:
             state.flush_requested += 1
             ticket = state.flush_requested
         state.handle.flush_cache()
         with state.flushes:
-            return state.flushes.wait_for(lambda: state.flush_done >= ticket, timeout)
+            if state.flushes.wait_for(lambda: state.flush_done >= ticket, timeout):
+                return True
+            log.warning(
+                "libtorrent did not confirm a flush of %s in %.0fs (%d of %d answered): "
+                "asking again",
+                info_hash,
+                timeout,
+                state.flush_done,
+                state.flush_requested,
+            )
+            state.flush_done = max(state.flush_done, state.flush_requested)
+            return False
 
     def rename(self, info_hash: str, name: str, timeout: float = 30.0) -> str | None:
         """Rename the torrent's file within its directory (a fence after every write);
