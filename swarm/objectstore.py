@@ -7,6 +7,7 @@ botocore errors into :mod:`swarm.errors` with messages that name bucket, key and
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -66,20 +67,17 @@ class S3Url:
         return f"s3://{self.bucket}/{self.key}"
 
 
-_session: Any = None
 _session_lock = threading.Lock()
+"""A botocore session is not safe for clients made from it at once."""
 
 
+@functools.cache
 def _botocore_session() -> Any:
     """The process's botocore session, made once: a session loads S3's model, its
     endpoint rules and the partitions from JSON for its first client (0.12 of the 0.15-0.2
     CPU-s a client cost), and a daemon made a new one for every fetch. Its credentials
     are resolved once too; an instance role's refresh by themselves."""
-    global _session
-    with _session_lock:
-        if _session is None:
-            _session = botocore.session.get_session()
-        return _session
+    return botocore.session.get_session()
 
 
 def make_client(
@@ -115,7 +113,7 @@ def make_client(
         return session.client(
             "s3", endpoint_url=endpoint_url or None, region_name=region, config=config
         )
-    with _session_lock:  # a botocore session is not safe for clients made at once
+    with _session_lock:
         return session.create_client(
             "s3", endpoint_url=endpoint_url or None, region_name=region, config=config
         )

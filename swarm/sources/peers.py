@@ -129,8 +129,8 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-FLUSH_TIMEOUT = 10.0
-"""Seconds a cache flush may take before it is asked again (it closes the torrent's
+FLUSH_TIMEOUT = 30.0
+"""Seconds a cache flush may take before the caller asks again (it closes the torrent's
 files: milliseconds, even on a busy node)."""
 
 
@@ -294,14 +294,8 @@ class TorrentSession:
 
     def flush(self, info_hash: str, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Wait until every piece libtorrent holds now is written to the file (readable by
-        another process or thread); False on timeout.
-
-        Each ``flush_cache`` answers with one ``cache_flushed_alert``, counted against
-        the requests. An answer that never comes would leave the count one behind for
-        good, and every later flush (the finisher asks again after a timeout) would wait
-        for it: two nodes of a swarm-bound fleet held every piece and never finished.
-        So a timeout writes the missing answers off; the caller's next request is then
-        answered by its own alert."""
+        another process or thread); False on timeout, with a warning (a fetch that never
+        finishes then says so in the log; the caller asks again)."""
         state = self.torrents[info_hash]
         with state.flushes:
             state.flush_requested += 1
@@ -311,14 +305,12 @@ class TorrentSession:
             if state.flushes.wait_for(lambda: state.flush_done >= ticket, timeout):
                 return True
             log.warning(
-                "libtorrent did not confirm a flush of %s in %.0fs (%d of %d answered): "
-                "asking again",
+                "libtorrent did not confirm a flush of %s in %.0fs (%d of %d answered)",
                 info_hash,
                 timeout,
                 state.flush_done,
                 state.flush_requested,
             )
-            state.flush_done = max(state.flush_done, state.flush_requested)
             return False
 
     def rename(self, info_hash: str, name: str, timeout: float = 30.0) -> str | None:
