@@ -172,10 +172,7 @@ def read_origin(
                     upload_only = all_from_s3
             if batch.kind is BatchKind.ALL and artifact.direct is None and not manifest.is_tree:
                 if status is None or status.state in CHECKING:
-                    # the alert loop's snapshot is up to half a second old: ask now
-                    status = handle.status()
-                if status.state in CHECKING:
-                    state.finished.wait(0.02)  # libtorrent is still looking at the file
+                    state.finished.wait(0.05)  # libtorrent is still looking at the file
                     continue
                 artifact.direct = DirectSink(sink, artifact.data_path)
             read(batch)
