@@ -388,8 +388,39 @@ class Daemon:
         def held() -> set[int]:
             return artifact.direct.held() if artifact.direct is not None else state.held
 
+        def on_stuck(pieces: list[int]) -> None:
+            self._repair(artifact, pieces)
+
         kind = treefs.TreeFinisher if artifact.manifest.is_tree else finisher.Finisher
-        return kind(self.session, artifact.manifest, artifact.data_path, artifact.cancel, held)
+        return kind(
+            self.session,
+            artifact.manifest,
+            artifact.data_path,
+            artifact.cancel,
+            held,
+            on_stuck=on_stuck,
+        )
+
+    def _repair(self, artifact: Artifact, pieces: list[int]) -> None:
+        """libtorrent counts every block of ``pieces`` as written but never keeps them
+        (:mod:`.stuck`): the S3 reader writes them into the file itself, outside
+        libtorrent; without S3 (or for a tree, which the reader never writes itself),
+        libtorrent checks the file again and fetches what it then finds missing."""
+        name = artifact.manifest.name
+        if "s3" in artifact.sources and not artifact.manifest.is_tree:
+            log.warning(
+                "%s: libtorrent counts pieces %s as written but does not hold them: "
+                "reading them from S3 into the file", name, pieces,
+            )  # fmt: skip
+            artifact.ask_repair(pieces)
+            self._start_source(artifact, "s3")
+            return
+        log.warning(
+            "%s: libtorrent counts pieces %s as written but does not hold them: "
+            "checking the file again", name, pieces,
+        )  # fmt: skip
+        with contextlib.suppress(KeyError, RuntimeError):  # removed meanwhile
+            self.session.torrents[artifact.info_hash].handle.force_recheck()
 
     def _seed_restored(self, artifact: Artifact) -> None:
         """A restored artifact that was verified: seeding once libtorrent has checked it.

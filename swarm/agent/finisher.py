@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarm.agent.stuck import STUCK_AFTER, StuckPieces
 from swarm.errors import IntegrityError, SwarmError
 from swarm.manifest import Manifest
 
@@ -40,6 +42,10 @@ well under the 0.25 s per GiB budget."""
 
 SLOW_PIECE_LOG = 10.0
 """Seconds the hash may wait for the next piece before the log says so."""
+
+STUCK_POLL = 2.0
+"""Seconds between looks at libtorrent's download queue for stuck pieces (see
+:mod:`.stuck`), once the hash has waited ``STUCK_AFTER`` for its next piece."""
 
 READ_CHUNK = 16 << 20
 """Bytes read back and hashed at once (one reused buffer: no allocation per read)."""
@@ -59,6 +65,7 @@ class Finisher:
         data_path: Path,
         cancel: threading.Event,
         held: Callable[[], Collection[int]] | None = None,
+        on_stuck: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.session = session
         self.manifest = manifest
@@ -67,6 +74,10 @@ class Finisher:
         self.state = session.torrents[manifest.info_hash]
         self.held = held or (lambda: self.state.held)
         """Pieces in the file: libtorrent's, plus the S3 reader's own (``DirectSink``)."""
+        self.on_stuck = on_stuck
+        """Told of pieces libtorrent will never keep (:mod:`.stuck`): the daemon repairs them."""
+        self._stuck = StuckPieces()
+        self._stuck_polled = -math.inf
         self.hashed_pieces = 0
         self.digest: str | None = None
         self.error: SwarmError | None = None
@@ -110,12 +121,15 @@ class Finisher:
                 if end < count and end - index < per_extent:
                     if self.cancel.wait(0.05):
                         raise SwarmError("swarm: the fetch was cancelled")
-                    if not told and time.monotonic() - waiting_since > SLOW_PIECE_LOG:
+                    waited = time.monotonic() - waiting_since
+                    if not told and waited > SLOW_PIECE_LOG:
                         told = True  # a fetch that stalls here says where it stands
                         log.info(
                             "sha256 of %s waits for piece %d (%d of %d held)",
                             self.manifest.name, end, len(self.held()), count,
                         )  # fmt: skip
+                    if waited > STUCK_AFTER:
+                        self._look_for_stuck_pieces()
                     continue
                 waiting_since, told = time.monotonic(), False
                 if not self.session.flush(self.manifest.info_hash):
@@ -137,6 +151,19 @@ class Finisher:
             if fd >= 0:
                 os.close(fd)
         return digest.hexdigest()
+
+    def _look_for_stuck_pieces(self) -> None:
+        now = time.monotonic()
+        if self.on_stuck is None or now - self._stuck_polled < STUCK_POLL:
+            return
+        self._stuck_polled = now
+        try:
+            queue = self.state.handle.get_download_queue()
+        except RuntimeError:  # the handle is gone (the fetch is being cancelled)
+            return
+        stuck = self._stuck.update(queue, self.held(), now)
+        if stuck:
+            self.on_stuck(stuck)
 
     def wait(self, timeout: float | None = None) -> str:
         """The verified digest, once every piece is hashed; IntegrityError on mismatch."""

@@ -122,6 +122,18 @@ def read_origin(
             if not missing:
                 state.finished.wait(0.25)  # all held: libtorrent is flushing
                 continue
+            repair = artifact.take_repair()
+            if repair and not manifest.is_tree:
+                # pieces libtorrent will never keep (swarm.agent.stuck): into the file here
+                while artifact.direct is None:
+                    status = state.status
+                    if status is not None and status.state not in CHECKING:
+                        artifact.direct = DirectSink(sink, artifact.data_path)
+                    elif artifact.cancel.wait(0.05):
+                        return
+                held = artifact.direct.held()
+                read(Batch(BatchKind.FILL, [i for i in repair if i not in held]))
+                continue
             now = time.monotonic()
             plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
             batch: Batch

@@ -74,6 +74,19 @@ class Artifact:
     gone: str | None = None
     was_verified: bool = False
     """Restored from a record that says its whole file matched before the restart."""
+    _repair: set[int] = field(default_factory=set)
+    _repair_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ask_repair(self, pieces: list[int]) -> None:
+        """Pieces libtorrent counts as written but never keeps (:mod:`swarm.agent.stuck`):
+        the S3 reader writes them into the file itself."""
+        with self._repair_lock:
+            self._repair.update(pieces)
+
+    def take_repair(self) -> list[int]:
+        with self._repair_lock:
+            pieces, self._repair = sorted(self._repair), set()
+        return pieces
 
     @property
     def info_hash(self) -> str:
