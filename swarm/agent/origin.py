@@ -92,6 +92,19 @@ def read_origin(
         BatchKind.FILL: (1, manifest.piece_size),
     }
 
+    upload_only = False
+
+    def retrying(reason: str | None) -> None:
+        nonlocal upload_only
+        if reason is not None and upload_only:
+            # S3 falters under ALL: peers may fill the file meanwhile (a passing outage
+            # must not idle the node until the reader gives up, ~25 s of backoff)
+            with contextlib.suppress(KeyError, RuntimeError):
+                session.upload_only(manifest.info_hash, False)
+            upload_only = False
+        if on_retry is not None:
+            on_retry(reason)
+
     def read(batch: Batch) -> None:
         # Once the reader writes into the file itself, it goes on doing so: libtorrent
         # learns of those pieces when the verified file is handed to it.
@@ -100,7 +113,7 @@ def read_origin(
         # (Holding the batch's pieces back from peers with priority 0 saved the mixed
         # fleet's duplicate downloads, but one node in three of the swarm-bound bench
         # then hashed its file before every byte was in it: not done until understood.)
-        S3Source(client, manifest, target, artifact.cancel, config, on_retry=on_retry).fetch(
+        S3Source(client, manifest, target, artifact.cancel, config, on_retry=retrying).fetch(
             batch.pieces
         )
 
@@ -115,7 +128,6 @@ def read_origin(
         return
     handle = state.handle
     in_flight = InFlight(handle)
-    upload_only = False
     try:
         while not artifact.complete_on_disk() and not artifact.cancel.is_set():
             missing = artifact.missing()

@@ -264,6 +264,9 @@ class TorrentSession:
         state = TorrentState(info_hash, handle, count=manifest.layout.count)
         with self._lock:
             self.torrents[info_hash] = state
+        # Its first status now, not at the alert loop's next round (up to STATUS_INTERVAL):
+        # the S3 reader of a lone node waits for it before writing the file itself.
+        self.session.post_torrent_updates()
         return state
 
     def add_piece(self, info_hash: str, index: int, data: bytes) -> bool:
