@@ -138,6 +138,8 @@ class ArtifactStatus:
     piece_count: int = 0
     pieces: str | None = None
     mode: str | None = None
+    s3_busy: float | None = None
+    """Seconds the S3 reader has spent reading (None: it never started)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

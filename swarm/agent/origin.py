@@ -113,9 +113,13 @@ def read_origin(
         # (Holding the batch's pieces back from peers with priority 0 saved the mixed
         # fleet's duplicate downloads, but one node in three of the swarm-bound bench
         # then hashed its file before every byte was in it: not done until understood.)
-        S3Source(client, manifest, target, artifact.cancel, config, on_retry=retrying).fetch(
-            batch.pieces
-        )
+        artifact.s3_busy.start()
+        try:
+            S3Source(client, manifest, target, artifact.cancel, config, on_retry=retrying).fetch(
+                batch.pieces
+            )
+        finally:
+            artifact.s3_busy.stop()
 
     batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
     local = LocalOriginPolicy(stripe_offset(node_id, manifest.layout.count))

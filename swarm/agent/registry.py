@@ -31,6 +31,33 @@ if TYPE_CHECKING:
     from swarm.agent.supervisor import SourceTask
 
 
+class BusyClock:
+    """Seconds spent inside some activity (the S3 reader's batches), running one included:
+    S3's rate while it is asked is its bytes over these seconds, where a report interval's
+    average dilutes a one-second stripe into a fraction of the link."""
+
+    def __init__(self) -> None:
+        self._total = 0.0
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._since is not None:
+                self._total += time.monotonic() - self._since
+                self._since = None
+
+    def seconds(self) -> float:
+        with self._lock:
+            running = time.monotonic() - self._since if self._since is not None else 0.0
+            return self._total + running
+
+
 @dataclass
 class Artifact:
     """The daemon's view of one artifact it fetches or seeds."""
@@ -74,6 +101,8 @@ class Artifact:
     gone: str | None = None
     was_verified: bool = False
     """Restored from a record that says its whole file matched before the restart."""
+    s3_busy: BusyClock = field(default_factory=BusyClock)
+    """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
     _repair: set[int] = field(default_factory=set)
     _repair_lock: threading.Lock = field(default_factory=threading.Lock)
 

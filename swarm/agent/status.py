@@ -144,4 +144,5 @@ def describe(artifact: Artifact) -> ArtifactStatus:
         piece_count=manifest.layout.count,
         pieces=bitfield(status.pieces) if status is not None else None,
         mode=artifact.plan.mode if artifact.plan is not None else None,
+        s3_busy=round(artifact.s3_busy.seconds(), 3) if s3_task is not None else None,
     )

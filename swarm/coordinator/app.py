@@ -629,6 +629,7 @@ def _plan_origin(
             interval=interval,
             uploaded=item.uploaded,
             node_at=item.elapsed,
+            s3_busy=item.s3_busy,
         )
         if plan.rates is not None:
             rates.append(plan.rates)

@@ -508,15 +508,17 @@ class StripePlanner:
         interval: float = 1.0,
         uploaded: int | None = None,
         node_at: float | None = None,
+        s3_busy: float | None = None,
     ) -> OriginPlan:
         """Record ``node``'s report for one artifact; return its stripe and mode.
         ``interval``: the report interval the node was told (stalls scale with it);
         ``uploaded``: the node's upload counter, if it sends one; ``node_at``: the
-        node's clock when it read its counters, if it sends one."""
+        node's clock when it read its counters, if it sends one; ``s3_busy``: the
+        seconds its S3 reader has spent reading, if it sends them."""
         view = self.state.load(node, info_hash, piece_size, count)
         if view is None:  # past the state's bounds: the node decides alone
             return OriginPlan([], Mode.STRIPE, None)
-        rates = update_rates(view.rates, counters, up_rate, now, uploaded, node_at)
+        rates = update_rates(view.rates, counters, up_rate, now, uploaded, node_at, s3_busy)
         backlog = ((view.union | held) & ~held).bit_count() * piece_size
         self.capacity.update(
             node,

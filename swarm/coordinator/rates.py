@@ -45,6 +45,8 @@ class NodeRates:
     (not averaged): what S3 gives this reader now, a one-second stripe included."""
     s3_peak: float = 0.0
     """The most of :attr:`s3_now` so far: whether S3 ever filled this node's link."""
+    s3_busy: float = -1.0
+    """The node's S3 reading seconds as of this report (-1: it sends none)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -59,6 +61,7 @@ class NodeRates:
             "node_at": self.node_at,
             "s3_now": self.s3_now,
             "s3_peak": self.s3_peak,
+            "s3_busy": self.s3_busy,
         }
 
     @classmethod
@@ -75,6 +78,7 @@ class NodeRates:
             float(data.get("node_at", -1.0)),  # type: ignore[arg-type]
             float(data.get("s3_now", 0.0)),  # type: ignore[arg-type]
             float(data.get("s3_peak", 0.0)),  # type: ignore[arg-type]
+            float(data.get("s3_busy", -1.0)),  # type: ignore[arg-type]
         )
 
 
@@ -89,6 +93,11 @@ reader woke after its batch) shows one piece more or less as a large rate. Inter
 timed on arrival (a node that sends no clock) are noisier still: two reports close
 together, one delayed in transit, show bytes of a second as sent in a fraction of one."""
 
+BUSY_FLOOR: Final = 0.5
+"""S3's rate of the moment is its bytes over the reader's busy seconds, but over at
+least this share of the interval: a single fill piece read in 30 ms is no sign that S3
+fills the link."""
+
 
 def update_rates(
     previous: NodeRates | None,
@@ -97,17 +106,22 @@ def update_rates(
     now: float,
     uploaded: int | None = None,
     node_at: float | None = None,
+    s3_busy: float | None = None,
 ) -> NodeRates:
     """The node's rates after a report with cumulative ``counters`` (and ``uploaded``)
-    at ``now``; ``node_at``: the node's own clock for them, if it sent one.
+    at ``now``; ``node_at``: the node's own clock for them, if it sent one; ``s3_busy``:
+    the seconds its S3 reader has spent reading, if it sent them.
 
-    The averages (``down``, ``up``) follow the coordinator's clock. The peaks and the
-    S3 rate of the moment are one interval's counters (node-timed where possible): an
-    average of one-second stripe bursts reads as a fraction of the link, and the
-    s3-fast fleet (S3 fills every node's link) never showed that S3 had filled its
-    links (MIX, never ALL, 2.3x T*)."""
+    The averages (``down``, ``up``) follow the coordinator's clock. The peaks are one
+    interval's counters (node-timed where possible): an average of one-second stripe
+    bursts reads as a fraction of the link, and the s3-fast fleet (S3 fills every node's
+    link) never showed that S3 had filled its links (MIX, never ALL, 2.3x T*). The S3
+    rate of the moment is the interval's S3 bytes over the reader's busy seconds in it,
+    where the node sends them: a stripe read in 0.7 s of a second still came at S3's
+    full rate (it is a lower bound of the node's download capacity too)."""
     sent = -1 if uploaded is None else uploaded
     clock = -1.0 if node_at is None else node_at
+    busy = -1.0 if s3_busy is None else s3_busy
     if previous is None:
         peak = up_rate if uploaded is None else 0.0
         return NodeRates(
@@ -118,6 +132,7 @@ def update_rates(
             peak,
             uploaded=sent,
             node_at=clock,
+            s3_busy=busy,
         )
     dt = now - previous.at
     # the interval of the counters: the node's clock if both reports carry it
@@ -138,18 +153,22 @@ def update_rates(
         up_sample = 0.0
     received = sum(samples.values())
     s3_now = samples.get("s3", 0.0) if whole else previous.s3_now
+    if whole and busy >= 0 and previous.s3_busy >= 0:
+        reading = max(busy - previous.s3_busy, BUSY_FLOOR * span)
+        s3_now = rate(previous.counters.get("s3", 0), counters.get("s3", 0), reading)
     return NodeRates(
         max(previous.at, now),
         dict(counters),
         down,
         up,
         max(previous.up_peak, up_sample),
-        max(previous.down_peak, sum(down.values()), received if whole else 0.0),
+        max(previous.down_peak, sum(down.values()), received if whole else 0.0, s3_now),
         received if span > 0 else previous.received_now,
         sent,
         clock,
         s3_now,
         max(previous.s3_peak, s3_now),
+        busy,
     )
 
 

@@ -120,6 +120,9 @@ class ArtifactReport:
     """Optional: payload bytes uploaded to peers so far (a counter). The coordinator
     measures the node's upload capacity from it; ``up_rate`` is libtorrent's 5-second
     average, which takes seconds to show a saturated uplink."""
+    s3_busy: float | None = None
+    """Optional: seconds the node's S3 reader has spent reading so far (a counter): S3's
+    rate while asked, where an interval's average dilutes a short stripe."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -305,6 +308,9 @@ def _artifact(value: object, where: str) -> ArtifactReport:
         piece_count=piece_count,
         pieces=pieces,
         uploaded=None if body.get("uploaded") is None else _nonneg_int(body, "uploaded", where),
+        s3_busy=None
+        if body.get("s3_busy") is None
+        else _nonneg_float(body.get("s3_busy"), f"{where}.s3_busy", MAX_ELAPSED),
     )
 
 

@@ -352,3 +352,24 @@ def test_upload_peak_comes_from_the_upload_counter():
     # without a counter (an older node), libtorrent's rate
     old = update_rates(update_rates(None, {}, 3e6, 0.0), {}, 5e6, 1.0)
     assert old.up_peak == 5e6 and old.uploaded == -1
+
+
+def test_s3_rate_of_the_moment_is_over_the_readers_busy_seconds():
+    """A stripe read in 0.7 s of a 1 s interval came at S3's full rate (s3-fast: 31 MB/s a
+    node); the interval's average said 22 and the allocator never saw S3 fill a link. A
+    single fill piece read in a few ms counts over half the interval at least, and a
+    node that sends no busy seconds keeps the interval's average."""
+    link = 31e6
+    first = update_rates(None, {"s3": 0}, 0.0, 0.0, node_at=0.0, s3_busy=0.0)
+    stripe = update_rates(first, {"s3": int(0.7 * link)}, 0.0, 1.0, node_at=1.0, s3_busy=0.7)
+    assert stripe.s3_now == pytest.approx(link)
+    assert stripe.s3_peak == pytest.approx(link)
+    assert stripe.down_peak == pytest.approx(link)  # what S3 gave is a download capacity
+    fill = update_rates(stripe, {"s3": int(0.7 * link) + MiB}, 0.0, 2.0, node_at=2.0, s3_busy=0.73)
+    assert fill.s3_now == pytest.approx(2 * MiB)  # 1 MiB over half the second
+    assert fill.s3_peak == pytest.approx(link)
+    older = update_rates(
+        update_rates(None, {"s3": 0}, 0.0, 0.0, node_at=0.0), {"s3": int(0.7 * link)}, 0.0, 1.0,
+        node_at=1.0,
+    )  # fmt: skip
+    assert older.s3_now == pytest.approx(0.7 * link)
