@@ -33,8 +33,8 @@ from swarm.coordinator.reports import (
     NodeReport,
     NodeState,
     PeerRecord,
-    _format_addr,
-    _fraction,
+    format_addr,
+    fraction,
 )
 from swarm.coordinator.tracker import Announce, Peer
 
@@ -383,14 +383,14 @@ class _ArtifactView:
             "size": self.size,
             "nodes": self.nodes,
             "nodes_complete": self.nodes_complete,
-            "progress": _fraction(self.have_bytes, self.want_bytes) if self.nodes else None,
+            "progress": fraction(self.have_bytes, self.want_bytes) if self.nodes else None,
             "down_rate": round(self.down_rate, 3),
             "up_rate": round(self.up_rate, 3),
             "bytes_by_source": self.bytes_by_source,
             "complete": complete,
             "incomplete": incomplete,
             "peers": [
-                peer.to_json(now, node_by_addr.get(_format_addr(peer.ip, peer.port)))
+                peer.to_json(now, node_by_addr.get(format_addr(peer.ip, peer.port)))
                 for peer in self.peers
             ],
         }

@@ -130,7 +130,7 @@ class ArtifactReport:
             "name": self.name,
             "size": self.size,
             "have_bytes": self.have_bytes,
-            "progress": _fraction(self.have_bytes, self.size),
+            "progress": fraction(self.have_bytes, self.size),
             "complete": self.complete,
             "bytes_by_source": dict(self.bytes_by_source),
             "down_rate": self.down_rate,
@@ -205,12 +205,12 @@ def parse_report(payload: object) -> NodeReport:
 # -- report validation helpers ------------------------------------------------------------
 
 
-def _fraction(part: int, whole: int) -> float:
+def fraction(part: int, whole: int) -> float:
     # An empty artifact (or no reporting node) counts as done only if nothing is wanted.
     return 1.0 if whole <= 0 else round(min(part / whole, 1.0), 6)
 
 
-def _format_addr(ip: str, port: int) -> str:
+def format_addr(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
@@ -219,7 +219,7 @@ def _addr(text: str) -> str:
     try:
         if not sep or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
             raise ValueError
-        return _format_addr(normalize_ip(host), int(port_text))
+        return format_addr(normalize_ip(host), int(port_text))
     except ValueError:
         raise ReportError(
             f"report.addr must be 'ip:port' (IPv6 as '[ip]:port'), got {text!r}"
