@@ -77,7 +77,10 @@ def describe(artifact: Artifact) -> ArtifactStatus:
     state = sink.state
     # A fresh status per API call (a request, not a polling loop): counters are exact
     # when someone asks, instead of up to STATUS_INTERVAL old.
-    status = state.handle.status() if state.handle.is_valid() else None
+    try:
+        status = state.handle.status()
+    except RuntimeError:  # removed a moment ago (the seed-mode adoption swaps the torrent)
+        status = None
     complete = artifact.verified.is_set()
     now = time.monotonic()
     if complete and artifact.seconds is None:
