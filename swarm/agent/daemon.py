@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import math
 import os
@@ -388,9 +389,6 @@ class Daemon:
         def held() -> set[int]:
             return artifact.direct.held() if artifact.direct is not None else state.held
 
-        def on_stuck(pieces: list[int]) -> None:
-            self._repair(artifact, pieces)
-
         kind = treefs.TreeFinisher if artifact.manifest.is_tree else finisher.Finisher
         return kind(
             self.session,
@@ -398,7 +396,7 @@ class Daemon:
             artifact.data_path,
             artifact.cancel,
             held,
-            on_stuck=on_stuck,
+            on_stuck=functools.partial(self._repair, artifact),
         )
 
     def _repair(self, artifact: Artifact, pieces: list[int]) -> None:
@@ -406,19 +404,16 @@ class Daemon:
         (:mod:`.stuck`): the S3 reader writes them into the file itself, outside
         libtorrent; without S3 (or for a tree, which the reader never writes itself),
         libtorrent checks the file again and fetches what it then finds missing."""
-        name = artifact.manifest.name
-        if "s3" in artifact.sources and not artifact.manifest.is_tree:
-            log.warning(
-                "%s: libtorrent counts pieces %s as written but does not hold them: "
-                "reading them from S3 into the file", name, pieces,
-            )  # fmt: skip
+        from_s3 = "s3" in artifact.sources and not artifact.manifest.is_tree
+        log.warning(
+            "%s: libtorrent counts pieces %s as written but does not hold them: %s",
+            artifact.manifest.name, pieces,
+            "reading them from S3 into the file" if from_s3 else "checking the file again",
+        )  # fmt: skip
+        if from_s3:
             artifact.ask_repair(pieces)
             self._start_source(artifact, "s3")
             return
-        log.warning(
-            "%s: libtorrent counts pieces %s as written but does not hold them: "
-            "checking the file again", name, pieces,
-        )  # fmt: skip
         with contextlib.suppress(KeyError, RuntimeError):  # removed meanwhile
             self.session.torrents[artifact.info_hash].handle.force_recheck()
 

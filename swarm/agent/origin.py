@@ -22,7 +22,7 @@ from swarm.agent.registry import Artifact
 from swarm.batch import Batch, BatchKind, all_missing, planned_batch
 from swarm.pieces import DEFAULT_RANGE_SIZE
 from swarm.sources import PieceSink
-from swarm.sources.peers import TorrentSession
+from swarm.sources.peers import TorrentSession, TorrentState
 from swarm.sources.s3 import S3Source, S3SourceConfig
 
 ORIGIN_GRACE = 1.0
@@ -67,6 +67,17 @@ class InFlight:
             self._pieces = {p["piece_index"] for p in self.handle.get_download_queue()}
             self._at = now
         return self._pieces
+
+
+def writing_directly(artifact: Artifact, state: TorrentState) -> bool:
+    """Have the reader write the file itself from now on (:mod:`.direct`); False while
+    libtorrent is still looking at the file (its check would race the writes)."""
+    if artifact.direct is None:
+        status = state.status
+        if status is None or status.state in CHECKING:
+            return False
+        artifact.direct = DirectSink(artifact.sink, artifact.data_path)
+    return True
 
 
 def read_origin(
@@ -139,14 +150,12 @@ def read_origin(
                 state.finished.wait(0.25)  # all held: libtorrent is flushing
                 continue
             repair = artifact.take_repair()
-            if repair and not manifest.is_tree:
-                # pieces libtorrent will never keep (swarm.agent.stuck): into the file here
-                while artifact.direct is None:
-                    status = state.status
-                    if status is not None and status.state not in CHECKING:
-                        artifact.direct = DirectSink(sink, artifact.data_path)
-                    elif artifact.cancel.wait(0.05):
-                        return
+            if repair:  # pieces libtorrent will never keep (swarm.agent.stuck): written here
+                if not writing_directly(artifact, state):
+                    artifact.ask_repair(repair)  # once libtorrent has looked at the file
+                    state.finished.wait(0.05)
+                    continue
+                assert artifact.direct is not None
                 held = artifact.direct.held()
                 read(Batch(BatchKind.FILL, [i for i in repair if i not in held]))
                 continue
@@ -198,11 +207,10 @@ def read_origin(
                 if all_from_s3 != upload_only:
                     session.upload_only(manifest.info_hash, all_from_s3)
                     upload_only = all_from_s3
-            if batch.kind is BatchKind.ALL and artifact.direct is None and not manifest.is_tree:
-                if status is None or status.state in CHECKING:
-                    state.finished.wait(0.05)  # libtorrent is still looking at the file
-                    continue
-                artifact.direct = DirectSink(sink, artifact.data_path)
+            is_all = batch.kind is BatchKind.ALL and not manifest.is_tree
+            if is_all and not writing_directly(artifact, state):
+                state.finished.wait(0.05)  # libtorrent is still looking at the file
+                continue
             read(batch)
             artifact.direct_pieces += batch.direct
             if plan is not None and batch.kind is not BatchKind.FILL:
