@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from swarm.coordinator.app import report_interval  # noqa: E402
-from swarm.coordinator.origin import StripePlanner, set_bits  # noqa: E402
+from swarm.coordinator.origin import StripePlanner  # noqa: E402
+from swarm.coordinator.planstate import set_bits  # noqa: E402
 from swarm.pieces import default_piece_size, parse_size  # noqa: E402
 from swarm.policy import Mode  # noqa: E402
 

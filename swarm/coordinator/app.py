@@ -84,7 +84,8 @@ from swarm.coordinator.fleet import (
 )
 from swarm.coordinator.history import History
 from swarm.coordinator.memorystore import MemoryPeerStore
-from swarm.coordinator.origin import GeometryError, StripePlanner, bits
+from swarm.coordinator.origin import StripePlanner
+from swarm.coordinator.planstate import GeometryError, bits
 from swarm.coordinator.rates import NodeRates, spare_upload
 from swarm.coordinator.reports import Completion, NodeReport, ReportError, parse_report
 from swarm.coordinator.tracker import (

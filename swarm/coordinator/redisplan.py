@@ -1,7 +1,7 @@
 """The planner's state in Redis (:class:`RedisPlanState`), so that several coordinators
 plan one fleet's origin reads (``swarm coordinator --store redis://HOST:PORT/DB``, issue 12).
 
-Same contract as :class:`swarm.coordinator.origin.MemoryPlanState`; a planning commit
+Same contract as :class:`swarm.coordinator.planstate.MemoryPlanState`; a planning commit
 (bitfield change, stripe claims) runs as one Lua script
 (:mod:`swarm.coordinator.redisscripts`). Its keys (the ``planning``
 entries) and the conventions it shares with the peer store are described in
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import redis
 
-from swarm.coordinator.origin import (
+from swarm.coordinator.planstate import (
     _COUNT_BYTES,
     ESTIMATE_SAMPLE,
     MAX_ARTIFACTS,
@@ -66,7 +66,7 @@ def _mix_from_json(data: dict[str, object] | None) -> MixState | None:
 class RedisPlanState(PlanState):
     """The planner's state in Redis: :meth:`load` is one pipelined round trip, and
     :meth:`commit` one Lua script (the same algorithm as
-    :class:`swarm.coordinator.origin.MemoryPlanState`)."""
+    :class:`swarm.coordinator.planstate.MemoryPlanState`)."""
 
     def __init__(
         self, client: redis.Redis, max_artifacts: int = MAX_ARTIFACTS, budget: int = STATE_BUDGET

@@ -4,7 +4,7 @@
 Two stores with the same contracts as the in-memory ones: :class:`RedisPeerStore`
 (tracker peers, node reports, membership; :class:`swarm.coordinator.fleet.PeerStore`) and
 :class:`RedisPlanState` (availability counts, stripes, rates, modes;
-:class:`swarm.coordinator.origin.PlanState`). Every change that several coordinators could
+:class:`swarm.coordinator.planstate.PlanState`). Every change that several coordinators could
 make at once to shared keys runs as one Lua script, so it is atomic: an announce, a
 node's report, a planning commit (bitfield change, stripe claims), a sweep. A report
 costs a handful of round trips whatever the fleet's size.

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 
 from swarm.coordinator.app import make_app
-from swarm.coordinator.origin import MemoryPlanState, StripePlanner
+from swarm.coordinator.origin import StripePlanner
+from swarm.coordinator.planstate import MemoryPlanState
 from swarm.coordinator.reports import parse_report
 from swarm.coordinator.tracker import decode_compact_peers
 from tests.integration.test_coordinator import FakeClock, Server, pid, report, serve

@@ -14,12 +14,8 @@ from hypothesis import strategies as st
 from swarm.coordinator.app import report_interval
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
 from swarm.coordinator.memorystore import MemoryPeerStore
-from swarm.coordinator.origin import (
-    MAX_STRIPE_PIECES,
-    GeometryError,
-    MemoryPlanState,
-    StripePlanner,
-)
+from swarm.coordinator.origin import MAX_STRIPE_PIECES, StripePlanner
+from swarm.coordinator.planstate import GeometryError, MemoryPlanState
 from swarm.coordinator.ranking import rank_peers
 from swarm.coordinator.reports import parse_report
 from swarm.coordinator.tracker import Announce

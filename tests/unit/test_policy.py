@@ -14,7 +14,8 @@ from swarm.agent.hybrid import (
     wide_pieces,
 )
 from swarm.coordinator.capacity import PEERS_WARMUP
-from swarm.coordinator.origin import StripePlanner, bits
+from swarm.coordinator.origin import StripePlanner
+from swarm.coordinator.planstate import bits
 from swarm.coordinator.rates import MIN_PEAK_INTERVAL, update_rates
 from swarm.policy import (
     HOLD_SECONDS,
