@@ -56,9 +56,9 @@ def session_settings(
     - ``upload_limit`` (bytes/s, 0 = none) caps uploads to *every* peer: libtorrent
       exempts LAN peers from rate limits by default (``ignore_limits_on_local_network``),
       and in a VPC every peer is a LAN peer, so that exemption is turned off;
-    - writes with pwrite, not mmap (libtorrent 2.x's mmap disk I/O counts every touched
-      page of the artifact in the daemon's RSS: a 2 GiB fetch looks like a 2 GiB process
-      to the OOM killer and to cgroup limits).
+    - writes with pwrite, not mmap, should the mmap back end be chosen (it counts every
+      touched page of the artifact in the daemon's RSS: a 2 GiB fetch looks like a 2 GiB
+      process to the OOM killer and to cgroup limits); see :data:`DISK_IO`.
     """
     settings = lt.high_performance_seed()
     settings.update(
@@ -129,6 +129,17 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+DISK_IO = "posix_disk_io_constructor"
+"""libtorrent's disk back end (the binding takes its name): plain pread/pwrite, no cache
+of its own (the page cache is the cache). Not 2.1's default, ``pread_disk_io``: its
+write cache parks writes until some other job wakes a thread to flush them (a review on
+arvidn/libtorrent#7013 describes it, and a race that can lose a write made during a
+flush). In fleet runs it left every block of some pieces "writing" for good (the stuck
+pieces of :mod:`swarm.agent.stuck`), a node's flushes went unanswered for minutes, and
+stock libtorrent (bench baseline) ended with files whose SHA-256 was wrong. Not
+``mmap_disk_io`` either: the pages it maps to read and hash count in the daemon's RSS
+(296 MiB for a 2 GiB fetch, against the 250 MiB bound of ``test_resources``)."""
+
 FLUSH_TIMEOUT = 30.0
 """Seconds a cache flush may take before the caller asks again (it closes the torrent's
 files: milliseconds, even on a busy node)."""
@@ -182,6 +193,7 @@ class TorrentSession:
         resume_dir.mkdir(parents=True, exist_ok=True)
         params = lt.session_params()
         params.settings = session_settings(listen_ip, port, upload_limit)
+        params.disk_io_constructor = DISK_IO
         self.session = lt.session(params)
         self.torrents: dict[str, TorrentState] = {}
         self._listen_port = 0
