@@ -85,3 +85,29 @@ def test_new_members_make_the_daemon_announce_again(tmp_path: Path, tracker: Tra
         assert len(tracker.announces) == again + 1
     finally:
         daemon.close()
+
+
+def test_members_named_before_any_torrent_do_not_hold_back_the_next_announce(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    # A daemon hears of its first members (its first report) before its fetch request:
+    # that admission has nothing to announce, and must not start REANNOUNCE_GAP.
+    source = tmp_path / "a.bin"
+    source.write_bytes(bytes(range(256)) * (4 * MiB // 256))
+    manifest = Manifest.from_file(
+        source, name="a.bin", piece_size=MiB, bucket="b", key="k", web_seed=None
+    )
+    settings = Settings(home=tmp_path / "home", coordinator=tracker.url, secret="s" * 32)
+    daemon = Daemon(settings, "127.0.0.1", free_port())
+    try:
+        daemon.take_members(["127.0.0.20"])  # no torrent yet
+        time.sleep(0.2)
+        daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers"})
+        wait_until(lambda: len(tracker.announces) >= 1, 10, "the torrent's first announce")
+        first = len(tracker.announces)
+        asked = time.monotonic()
+        daemon.take_members(["127.0.0.20", "127.0.0.21"])  # a new member: announce now
+        wait_until(lambda: len(tracker.announces) > first, REANNOUNCE_GAP, "an announce at once")
+        assert tracker.announces[first] - asked < REANNOUNCE_GAP / 2
+    finally:
+        daemon.close()
