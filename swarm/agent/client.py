@@ -30,6 +30,9 @@ from swarm.errors import (
 from swarm.messages import FetchRequest
 
 DAEMON_START_TIMEOUT = 30.0
+DAEMON_START_POLL = 0.02
+"""Seconds between looks for a starting daemon's socket: each is one failed connect, and
+every look saved is the node's own start (a daemon is up ~0.3 s after it was spawned)."""
 STATUS_INTERVAL = 0.5
 COPY_CHUNK = 8 << 20
 
@@ -187,7 +190,7 @@ def ensure_daemon(
                 f"swarm: the daemon did not answer within {DAEMON_START_TIMEOUT:.0f}s; "
                 f"see {home / 'daemon.log'}"
             )
-        time.sleep(0.1)
+        time.sleep(DAEMON_START_POLL)
     return client
 
 
