@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -134,8 +135,15 @@ class _Artifact:
     s3_rates: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Each node's S3 rate over its last report interval, and when it reported it."""
     together: float = 0.0
-    """The most those rates summed to at a snapshot, over the nodes that reported within
-    :data:`ORIGIN_WINDOW` before it (see :func:`fed_every_link`)."""
+    """The most those rates summed to, over the nodes that reported within
+    :data:`ORIGIN_WINDOW` of each other, as of any report (see :func:`fed_every_link`).
+    Taken at snapshots only, it missed the stripes: a snapshot comes once every piece
+    has left the origin, by when most stripes are done, and s3-fast went MIX."""
+    window: deque[tuple[float, str]] = field(default_factory=deque)
+    """(when, node) of the S3 rates reported within :data:`ORIGIN_WINDOW` (and older
+    ones not yet dropped), oldest first."""
+    window_sum: float = 0.0
+    """The sum of the rates in :attr:`window` still within it, one per node."""
     s3_bytes: dict[str, int] = field(default_factory=dict)
     """Each node's S3 byte counter this cohort (kept when it completes)."""
     cohort_start: float = math.inf
@@ -182,6 +190,8 @@ class CapacityBook:
                 art.mix_since, art.all_since = None, None
                 art.origin_peak, art.together = 0.0, 0.0
                 art.s3_rates.clear()
+                art.window.clear()
+                art.window_sum = 0.0
                 art.s3_bytes.clear()
                 art.cohort_start = math.inf
             previous = art.links.get(node)
@@ -208,11 +218,24 @@ class CapacityBook:
     ) -> None:
         """A node's S3 rate over its last report interval (bytes/s, from its counter),
         its S3 byte counter ``total`` and when its fetch started (``started``, the
-        coordinator's clock; None if the node sends no clock). O(1): the sums over the
-        nodes are taken per snapshot (:meth:`allocation`)."""
+        coordinator's clock; None if the node sends no clock). O(1) amortized: the sum of
+        the rates within :data:`ORIGIN_WINDOW` is kept as reports come and go; the other
+        sums over the nodes are taken per snapshot (:meth:`allocation`)."""
         art = self._artifacts.get(info_hash)
         if art is not None:
+            recent = now - ORIGIN_WINDOW
+            while art.window and art.window[0][0] < recent:
+                at, gone = art.window.popleft()
+                entry = art.s3_rates.get(gone)
+                if entry is not None and entry[1] == at:  # its latest rate leaves the window
+                    art.window_sum -= entry[0]
+            previous = art.s3_rates.get(node)
+            if previous is not None and previous[1] >= recent:
+                art.window_sum -= previous[0]  # replaced by this report's
             art.s3_rates[node] = (rate, now)
+            art.window.append((now, node))
+            art.window_sum = max(0.0, art.window_sum + rate)
+            art.together = max(art.together, art.window_sum)
             if started is not None:
                 art.s3_bytes[node] = total
                 art.cohort_start = min(art.cohort_start, started)
@@ -229,10 +252,6 @@ class CapacityBook:
         if now - art.at < SNAPSHOT_PERIOD:
             return art.allocation
         art.at = now
-        # the nodes' S3 rates reported within ORIGIN_WINDOW: what S3 gave them at once
-        recent = now - ORIGIN_WINDOW
-        at_once = sum(r for r, at in art.s3_rates.values() if at >= recent)
-        art.together = max(art.together, at_once)
         # What the cohort has read from S3 since its first fetch started: the origin gave
         # at least that on average (the s3-fast fleet read the whole object from it in a
         # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
@@ -315,7 +334,13 @@ class CapacityBook:
                     continue
                 art.links.pop(node, None)
                 art.complete.pop(node, None)
-                art.s3_rates.pop(node, None)
+                entry = art.s3_rates.pop(node, None)
+                if (
+                    entry is not None
+                    and art.window
+                    and entry[1] >= art.window[-1][0] - ORIGIN_WINDOW
+                ):
+                    art.window_sum = max(0.0, art.window_sum - entry[0])
                 art.s3_bytes.pop(node, None)
                 if not art.links and not art.complete:
                     del self._artifacts[info_hash]

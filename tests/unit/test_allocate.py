@@ -278,6 +278,31 @@ def test_an_origin_that_fed_every_link_at_once_is_all() -> None:
     assert apart is not None and apart.mode is not Mode.ALL
 
 
+def test_stripes_read_together_count_though_the_first_snapshot_comes_after_them() -> None:
+    """s3-fast with peers meeting early: every piece had left the origin (the first
+    snapshot's condition) only once most stripes were done, and a sum of the S3 rates
+    taken at the snapshot saw the last stripes only: MIX (peers took 57-74% of the
+    bytes), where the six stripes had filled the six links at once."""
+    book = CapacityBook()
+    names = [f"n{i}" for i in range(6)]
+    _report(book, names, down=250, up=250, peers=80, s3=220)
+    delivered(book, names, 1300)  # the stripes, read at once
+    for i, node in enumerate(names):  # done: the next reports carry no S3
+        book.note_s3("ih", node, 0.0, now=2.0 + 0.1 * i)
+    book.allocation("ih", 100 * MBIT, readers=1, now=3.0)
+    plan = book.allocation("ih", 100 * MBIT, readers=1, now=3.0 + PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.ALL
+    # the same rates one after another never summed to more than one link's: no ALL
+    apart = CapacityBook()
+    _report(apart, names, down=250, up=250, peers=80, s3=220)
+    for i, node in enumerate(names):
+        apart.note_s3("ih", node, 220 * MBIT, now=2.0 * i)
+        apart.note_s3("ih", node, 0.0, now=2.0 * i + 1.0)
+    apart.allocation("ih", 100 * MBIT, readers=1, now=13.0)
+    plan = apart.allocation("ih", 100 * MBIT, readers=1, now=13.0 + PEERS_WARMUP)
+    assert plan is not None and plan.mode is not Mode.ALL
+
+
 def test_all_stands_until_the_fleet_read_at_full_width() -> None:
     """A snapshot right after ALL does not take it back: the stripes were read at
     slightly different moments and the nodes' peaks are still rising, and s3-fast went
