@@ -87,11 +87,12 @@ STARVED_SHARE: Final = 0.1
 the last report interval is starved: it may widen even under an allocation."""
 
 MIN_PEAK_INTERVAL: Final = 0.5
-"""Seconds a report interval must span for its rates to count as a peak (or as the S3
-rate of the moment): bytes move in whole pieces, and a short interval (a report the
-reader woke after its batch) shows one piece more or less as a large rate. Intervals
-timed on arrival (a node that sends no clock) are noisier still: two reports close
-together, one delayed in transit, show bytes of a second as sent in a fraction of one."""
+"""Seconds a report interval must span for its rates to count: bytes move in whole
+pieces, and a short interval (a report the reader woke after its batch) shows one piece
+more or less as a large rate. A shorter one is merged into the next (its report leaves
+the rates as they were). Intervals timed on arrival (a node that sends no clock) are
+noisier still: two reports close together, one delayed in transit, show bytes of a
+second as sent in a fraction of one."""
 
 BUSY_FLOOR: Final = 0.5
 """S3's rate of the moment is its bytes over the reader's busy seconds, but over at
@@ -137,6 +138,12 @@ def update_rates(
     dt = now - previous.at
     # the interval of the counters: the node's clock if both reports carry it
     span = clock - previous.node_at if clock >= 0 and previous.node_at >= 0 else dt
+    if span < MIN_PEAK_INTERVAL:
+        # Too short to weigh (a report the reader woke after its batch): its bytes count
+        # in the next interval. Taken as the new base, they fell out of every peak: each
+        # s3-fast node read its stripes in 0.3 s bursts, each followed by such a report,
+        # and the coordinator saw S3 give them nothing (s3 peaks of 0: MIX, never ALL).
+        return previous
     down = dict(previous.down)
     samples: dict[str, float] = {}  # each source's rate over this interval alone
     for source, total in counters.items():
@@ -144,16 +151,13 @@ def update_rates(
         samples[source] = rate(before, total, span)
         down[source] = ema(down.get(source), rate(before, total, dt), dt)
     up = ema(previous.up, up_rate, dt)
-    whole = span >= MIN_PEAK_INTERVAL
     if uploaded is None or previous.uploaded < 0:
         up_sample = up_rate  # libtorrent's own average: slow to rise, never too high
-    elif whole:
-        up_sample = rate(previous.uploaded, uploaded, span)
     else:
-        up_sample = 0.0
+        up_sample = rate(previous.uploaded, uploaded, span)
     received = sum(samples.values())
-    s3_now = samples.get("s3", 0.0) if whole else previous.s3_now
-    if whole and busy >= 0 and previous.s3_busy >= 0:
+    s3_now = samples.get("s3", 0.0)
+    if busy >= 0 and previous.s3_busy >= 0:
         reading = max(busy - previous.s3_busy, BUSY_FLOOR * span)
         s3_now = rate(previous.counters.get("s3", 0), counters.get("s3", 0), reading)
     return NodeRates(
@@ -162,8 +166,8 @@ def update_rates(
         down,
         up,
         max(previous.up_peak, up_sample),
-        max(previous.down_peak, sum(down.values()), received if whole else 0.0, s3_now),
-        received if span > 0 else previous.received_now,
+        max(previous.down_peak, sum(down.values()), received, s3_now),
+        received,
         sent,
         clock,
         s3_now,

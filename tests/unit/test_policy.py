@@ -355,6 +355,23 @@ def test_upload_peak_comes_from_the_upload_counter():
     assert old.up_peak == 5e6 and old.uploaded == -1
 
 
+def test_a_short_report_interval_folds_into_the_next():
+    """s3-fast: a node read each stripe in a 0.3 s burst and woke a report right after
+    it. Those short intervals were no sample, and their bytes fell out of the next one:
+    the coordinator saw S3 give every node nothing (s3 peaks of 0) and planned MIX where
+    S3 filled every link. Now the next whole interval counts them."""
+    link = 31e6
+    piece = 8 * MiB
+    rates = update_rates(None, {"s3": 0}, 0.0, 0.0, node_at=0.0, s3_busy=0.0)
+    total, busy = 0, 0.0
+    for burst in range(3):  # 8 MiB in 0.27 s, a woken report at once, then the next burst
+        total, busy = total + piece, busy + piece / link
+        at = (burst + 1) * piece / link
+        rates = update_rates(rates, {"s3": total}, 0.0, at, node_at=at, s3_busy=busy)
+    assert rates.s3_peak == pytest.approx(link, rel=0.01)
+    assert rates.down_peak >= 0.99 * link
+
+
 def test_s3_rate_of_the_moment_is_over_the_readers_busy_seconds():
     """A stripe read in 0.7 s of a 1 s interval came at S3's full rate (s3-fast: 31 MB/s a
     node); the interval's average said 22 and the allocator never saw S3 fill a link. A
