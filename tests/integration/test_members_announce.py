@@ -58,14 +58,20 @@ def tracker() -> Iterator[Tracker]:
     server.close()
 
 
-def test_new_members_make_the_daemon_announce_again(tmp_path: Path, tracker: Tracker) -> None:
+def fleet_daemon(tmp_path: Path, tracker: Tracker) -> tuple[Daemon, Manifest]:
+    """A daemon of an authenticated fleet (a secret: members only) whose coordinator is
+    ``tracker``, and a 4 MiB artifact's manifest for it."""
     source = tmp_path / "a.bin"
     source.write_bytes(bytes(range(256)) * (4 * MiB // 256))
     manifest = Manifest.from_file(
         source, name="a.bin", piece_size=MiB, bucket="b", key="k", web_seed=None
     )
     settings = Settings(home=tmp_path / "home", coordinator=tracker.url, secret="s" * 32)
-    daemon = Daemon(settings, "127.0.0.1", free_port())
+    return Daemon(settings, "127.0.0.1", free_port()), manifest
+
+
+def test_new_members_make_the_daemon_announce_again(tmp_path: Path, tracker: Tracker) -> None:
+    daemon, manifest = fleet_daemon(tmp_path, tracker)
     try:
         daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers"})
         wait_until(lambda: len(tracker.announces) >= 1, 10, "the first announce")
@@ -92,13 +98,7 @@ def test_members_named_before_any_torrent_do_not_hold_back_the_next_announce(
 ) -> None:
     # A daemon hears of its first members (its first report) before its fetch request:
     # that admission has nothing to announce, and must not start REANNOUNCE_GAP.
-    source = tmp_path / "a.bin"
-    source.write_bytes(bytes(range(256)) * (4 * MiB // 256))
-    manifest = Manifest.from_file(
-        source, name="a.bin", piece_size=MiB, bucket="b", key="k", web_seed=None
-    )
-    settings = Settings(home=tmp_path / "home", coordinator=tracker.url, secret="s" * 32)
-    daemon = Daemon(settings, "127.0.0.1", free_port())
+    daemon, manifest = fleet_daemon(tmp_path, tracker)
     try:
         daemon.take_members(["127.0.0.20"])  # no torrent yet
         time.sleep(0.2)
