@@ -9,7 +9,7 @@ reader's S3 rate of the moment). Pure: ``now`` is passed in.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from swarm.policy import ema, rate
@@ -47,6 +47,15 @@ class NodeRates:
     """The most of :attr:`s3_now` so far: whether S3 ever filled this node's link."""
     s3_busy: float = -1.0
     """The node's S3 reading seconds as of this report (-1: it sends none)."""
+    peak_counters: dict[str, int] | None = None
+    """The counters the next peak sample starts from (None: :attr:`counters`), with
+    :attr:`peak_at`, :attr:`node_at`, :attr:`uploaded` and :attr:`s3_busy`: those of the
+    last report that closed an interval of at least :data:`MIN_PEAK_INTERVAL`. A shorter
+    one (a report the reader woke after its batch) is no sample, and its bytes count in
+    the next: taken as the base, they fell out of every peak, and each s3-fast node read
+    its stripes in 0.3 s bursts, each followed by such a report (S3 peaks of 0: MIX)."""
+    peak_at: float = -1.0
+    """The coordinator's clock at that report (-1: :attr:`at`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -62,6 +71,8 @@ class NodeRates:
             "s3_now": self.s3_now,
             "s3_peak": self.s3_peak,
             "s3_busy": self.s3_busy,
+            "peak_counters": self.peak_counters,
+            "peak_at": self.peak_at,
         }
 
     @classmethod
@@ -79,6 +90,12 @@ class NodeRates:
             float(data.get("s3_now", 0.0)),  # type: ignore[arg-type]
             float(data.get("s3_peak", 0.0)),  # type: ignore[arg-type]
             float(data.get("s3_busy", -1.0)),  # type: ignore[arg-type]
+            (
+                {str(k): int(v) for k, v in data["peak_counters"].items()}  # type: ignore[attr-defined]
+                if data.get("peak_counters") is not None
+                else None
+            ),
+            float(data.get("peak_at", -1.0)),  # type: ignore[arg-type]
         )
 
 
@@ -89,8 +106,8 @@ the last report interval is starved: it may widen even under an allocation."""
 MIN_PEAK_INTERVAL: Final = 0.5
 """Seconds a report interval must span for its rates to count: bytes move in whole
 pieces, and a short interval (a report the reader woke after its batch) shows one piece
-more or less as a large rate. A shorter one is merged into the next (its report leaves
-the rates as they were). Intervals timed on arrival (a node that sends no clock) are
+more or less as a large rate. A shorter one is merged into the next (its report moves
+the averages only: see :attr:`NodeRates.peak_counters`). Intervals timed on arrival (a node that sends no clock) are
 noisier still: two reports close together, one delayed in transit, show bytes of a
 second as sent in a fraction of one."""
 
@@ -136,21 +153,19 @@ def update_rates(
             s3_busy=busy,
         )
     dt = now - previous.at
-    # the interval of the counters: the node's clock if both reports carry it
-    span = clock - previous.node_at if clock >= 0 and previous.node_at >= 0 else dt
-    if span < MIN_PEAK_INTERVAL:
-        # Too short to weigh (a report the reader woke after its batch): its bytes count
-        # in the next interval. Taken as the new base, they fell out of every peak: each
-        # s3-fast node read its stripes in 0.3 s bursts, each followed by such a report,
-        # and the coordinator saw S3 give them nothing (s3 peaks of 0: MIX, never ALL).
-        return previous
     down = dict(previous.down)
-    samples: dict[str, float] = {}  # each source's rate over this interval alone
     for source, total in counters.items():
         before = previous.counters.get(source, 0)
-        samples[source] = rate(before, total, span)
         down[source] = ema(down.get(source), rate(before, total, dt), dt)
     up = ema(previous.up, up_rate, dt)
+    # The peaks' interval, from their own base: the node's clock if both reports carry it.
+    base = previous.peak_counters if previous.peak_counters is not None else previous.counters
+    base_at = previous.peak_at if previous.peak_at >= 0 else previous.at
+    span = clock - previous.node_at if clock >= 0 and previous.node_at >= 0 else now - base_at
+    if span < MIN_PEAK_INTERVAL:  # no sample: the base stays for the next report
+        return replace(previous, at=max(previous.at, now), counters=dict(counters), down=down,
+                       up=up, peak_counters=dict(base), peak_at=base_at)  # fmt: skip
+    samples = {source: rate(base.get(source, 0), total, span) for source, total in counters.items()}
     if uploaded is None or previous.uploaded < 0:
         up_sample = up_rate  # libtorrent's own average: slow to rise, never too high
     else:
@@ -159,7 +174,7 @@ def update_rates(
     s3_now = samples.get("s3", 0.0)
     if busy >= 0 and previous.s3_busy >= 0:
         reading = max(busy - previous.s3_busy, BUSY_FLOOR * span)
-        s3_now = rate(previous.counters.get("s3", 0), counters.get("s3", 0), reading)
+        s3_now = rate(base.get("s3", 0), counters.get("s3", 0), reading)
     return NodeRates(
         max(previous.at, now),
         dict(counters),
