@@ -104,12 +104,12 @@ STARVED_SHARE: Final = 0.1
 the last report interval is starved: it may widen even under an allocation."""
 
 MIN_PEAK_INTERVAL: Final = 0.5
-"""Seconds a report interval must span for its rates to count: bytes move in whole
-pieces, and a short interval (a report the reader woke after its batch) shows one piece
-more or less as a large rate. A shorter one is merged into the next (its report moves
-the averages only: see :attr:`NodeRates.peak_counters`). Intervals timed on arrival (a node that sends no clock) are
-noisier still: two reports close together, one delayed in transit, show bytes of a
-second as sent in a fraction of one."""
+"""Seconds a report interval must span for its rates to count as a peak: bytes move in
+whole pieces, and a short interval (a report the reader woke after its batch) shows one
+piece more or less as a large rate. A shorter one is merged into the next (its report
+moves the averages only: see :attr:`NodeRates.peak_counters`). Intervals timed on
+arrival (a node that sends no clock) are noisier still: two reports close together, one
+delayed in transit, show bytes of a second as sent in a fraction of one."""
 
 BUSY_FLOOR: Final = 0.5
 """S3's rate of the moment is its bytes over the reader's busy seconds, but over at
