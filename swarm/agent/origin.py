@@ -69,15 +69,16 @@ class InFlight:
         return self._pieces
 
 
-def writing_directly(artifact: Artifact, state: TorrentState) -> bool:
-    """Have the reader write the file itself from now on (:mod:`.direct`); False while
-    libtorrent is still looking at the file (its check would race the writes)."""
+def writing_directly(artifact: Artifact, state: TorrentState) -> DirectSink | None:
+    """The sink through which the reader writes the file itself from now on
+    (:mod:`.direct`); None while libtorrent is still looking at the file (its check
+    would race the writes)."""
     if artifact.direct is None:
         status = state.status
         if status is None or status.state in CHECKING:
-            return False
+            return None
         artifact.direct = DirectSink(artifact.sink, artifact.data_path)
-    return True
+    return artifact.direct
 
 
 def read_origin(
@@ -151,12 +152,12 @@ def read_origin(
                 continue
             repair = artifact.take_repair()
             if repair:  # pieces libtorrent will never keep (swarm.agent.stuck): written here
-                if not writing_directly(artifact, state):
+                direct = writing_directly(artifact, state)
+                if direct is None:
                     artifact.ask_repair(repair)  # once libtorrent has looked at the file
                     state.finished.wait(0.05)
                     continue
-                assert artifact.direct is not None
-                held = artifact.direct.held()
+                held = direct.held()
                 read(Batch(BatchKind.FILL, [i for i in repair if i not in held]))
                 continue
             now = time.monotonic()
@@ -208,7 +209,7 @@ def read_origin(
                     session.upload_only(manifest.info_hash, all_from_s3)
                     upload_only = all_from_s3
             is_all = batch.kind is BatchKind.ALL and not manifest.is_tree
-            if is_all and not writing_directly(artifact, state):
+            if is_all and writing_directly(artifact, state) is None:
                 state.finished.wait(0.05)  # libtorrent is still looking at the file
                 continue
             read(batch)

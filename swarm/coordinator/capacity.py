@@ -229,9 +229,7 @@ class CapacityBook:
                 entry = art.s3_rates.get(gone)
                 if entry is not None and entry[1] == at:  # its latest rate leaves the window
                     art.window_sum -= entry[0]
-            previous = art.s3_rates.get(node)
-            if previous is not None and previous[1] >= recent:
-                art.window_sum -= previous[0]  # replaced by this report's
+            _withdraw(art, node, recent)  # replaced by this report's
             art.s3_rates[node] = (rate, now)
             art.window.append((now, node))
             art.window_sum = max(0.0, art.window_sum + rate)
@@ -334,16 +332,20 @@ class CapacityBook:
                     continue
                 art.links.pop(node, None)
                 art.complete.pop(node, None)
-                entry = art.s3_rates.pop(node, None)
-                if (
-                    entry is not None
-                    and art.window
-                    and entry[1] >= art.window[-1][0] - ORIGIN_WINDOW
-                ):
-                    art.window_sum = max(0.0, art.window_sum - entry[0])
+                if art.window:  # the window as of the last report
+                    _withdraw(art, node, art.window[-1][0] - ORIGIN_WINDOW)
+                art.s3_rates.pop(node, None)
                 art.s3_bytes.pop(node, None)
                 if not art.links and not art.complete:
                     del self._artifacts[info_hash]
+
+
+def _withdraw(art: _Artifact, node: str, recent: float) -> None:
+    """Take ``node``'s S3 rate out of the window's sum if it was reported since
+    ``recent`` (older ones have left it already)."""
+    entry = art.s3_rates.get(node)
+    if entry is not None and entry[1] >= recent:
+        art.window_sum = max(0.0, art.window_sum - entry[0])
 
 
 def snapshot(

@@ -56,9 +56,7 @@ def session_settings(
     - ``upload_limit`` (bytes/s, 0 = none) caps uploads to *every* peer: libtorrent
       exempts LAN peers from rate limits by default (``ignore_limits_on_local_network``),
       and in a VPC every peer is a LAN peer, so that exemption is turned off;
-    - writes with pwrite, not mmap, should the mmap back end be chosen (it counts every
-      touched page of the artifact in the daemon's RSS: a 2 GiB fetch looks like a 2 GiB
-      process to the OOM killer and to cgroup limits); see :data:`DISK_IO`.
+    - the disk back end is :data:`DISK_IO` (a session parameter, not a setting).
     """
     settings = lt.high_performance_seed()
     settings.update(
@@ -100,7 +98,6 @@ def session_settings(
             "alert_queue_size": 10000,
             "upload_rate_limit": upload_limit,
             "ignore_limits_on_local_network": False,
-            "disk_write_mode": int(lt.mmap_write_mode_t.always_pwrite),
             "apply_ip_filter_to_trackers": False,
             # A busy port is an error the operator sees, not a silent move to 6882 (or to
             # a random port) that peers and firewalls do not expect.
@@ -138,7 +135,8 @@ flush). In fleet runs it left every block of some pieces "writing" for good (the
 pieces of :mod:`swarm.agent.stuck`), a node's flushes went unanswered for minutes, and
 stock libtorrent (bench baseline) ended with files whose SHA-256 was wrong. Not
 ``mmap_disk_io`` either: the pages it maps to read and hash count in the daemon's RSS
-(296 MiB for a 2 GiB fetch, against the 250 MiB bound of ``test_resources``)."""
+(296 MiB for a 2 GiB fetch with ``disk_write_mode`` at ``always_pwrite``, against the
+250 MiB bound of ``test_resources``)."""
 
 FLUSH_TIMEOUT = 30.0
 """Seconds a cache flush may take before the caller asks again (it closes the torrent's
