@@ -568,6 +568,8 @@ def _handle_report(
         outcome.interval = _interval(app, now)
         ttl = max(REPORT_TTL, REPORT_TTL_INTERVALS * outcome.interval)
         outcome.completions = store.report(report, now, ttl)
+        # an artifact the node no longer lists is gone from it (not only when it expires)
+        planner.forget_unlisted(report.node, [item.info_hash for item in report.artifacts])
         outcome.plans, rates = _plan_origin(planner, report, now, outcome.interval)
         store.set_spare(report.addr, spare_upload(rates))
     except Exception as error:  # StoreFull, GeometryError, a store that does not answer

@@ -327,17 +327,32 @@ class CapacityBook:
     def forget(self, nodes: Iterable[str]) -> None:
         for node in nodes:
             for info_hash in self._by_node.pop(node, ()):
-                art = self._artifacts.get(info_hash)
-                if art is None:
-                    continue
-                art.links.pop(node, None)
-                art.complete.pop(node, None)
-                if art.window:  # the window as of the last report
-                    _withdraw(art, node, art.window[-1][0] - ORIGIN_WINDOW)
-                art.s3_rates.pop(node, None)
-                art.s3_bytes.pop(node, None)
-                if not art.links and not art.complete:
-                    del self._artifacts[info_hash]
+                self._forget_artifact(node, info_hash)
+
+    def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
+        """Drop ``node``'s links for the artifacts it no longer lists, as :meth:`forget`
+        does for a departed node: a seeder whose data went away uploads none of it."""
+        mine = self._by_node.get(node)
+        if not mine:
+            return
+        for info_hash in mine.difference(listed):
+            mine.discard(info_hash)
+            self._forget_artifact(node, info_hash)
+        if not mine:
+            del self._by_node[node]
+
+    def _forget_artifact(self, node: str, info_hash: str) -> None:
+        art = self._artifacts.get(info_hash)
+        if art is None:
+            return
+        art.links.pop(node, None)
+        art.complete.pop(node, None)
+        if art.window:  # the window as of the last report
+            _withdraw(art, node, art.window[-1][0] - ORIGIN_WINDOW)
+        art.s3_rates.pop(node, None)
+        art.s3_bytes.pop(node, None)
+        if not art.links and not art.complete:
+            del self._artifacts[info_hash]
 
 
 def _withdraw(art: _Artifact, node: str, recent: float) -> None:

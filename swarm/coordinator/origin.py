@@ -272,6 +272,14 @@ class StripePlanner:
         self.state.forget(nodes)
         self.capacity.forget(nodes)
 
+    def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
+        """Forget ``node``'s part of the artifacts its report no longer lists (dropped or
+        deleted under it): the union stops counting its pieces, so they are striped from
+        S3 again rather than only reached when a node goes WIDE."""
+        listed = set(listed)
+        self.state.forget_unlisted(node, listed)
+        self.capacity.forget_unlisted(node, listed)
+
     def mode(self, node: str, info_hash: str) -> str | None:
         """The node's current origin mode for the artifact (None if it is not fetching)."""
         state = self.state.node_mode(node, info_hash)

@@ -161,6 +161,12 @@ class PlanState(ABC):
         """Drop departed nodes: their bitfields leave the counts, their stripes the pool."""
 
     @abstractmethod
+    def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
+        """Drop ``node``'s part of every artifact it no longer lists (its data went away
+        under it), as :meth:`forget` drops a departed node's: else the union keeps its
+        pieces and nobody is striped to read them from S3 until the node expires."""
+
+    @abstractmethod
     def known_nodes(self) -> set[str]: ...
 
     @abstractmethod
@@ -310,21 +316,17 @@ class MemoryPlanState(PlanState):
     def forget(self, nodes: Iterable[str]) -> None:
         for node in nodes:
             for info_hash in self._by_node.pop(node, ()):
-                art = self._artifacts.get(info_hash)
-                if art is None:
-                    continue
-                old = art.held.pop(node, 0)
-                self.used -= art.entry_cost
-                self._count(art, old, -1)
-                self._release(art, node)
-                for table in (art.progress_at, art.stripe_len, art.reader_s3):
-                    table.pop(node, None)
-                art.rates.pop(node, None)
-                art.modes.pop(node, None)
-                art.wide.discard(node)
-                if not art.held:
-                    del self._artifacts[info_hash]
-                    self.used -= art.cost
+                self._forget_artifact(node, info_hash)
+
+    def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
+        mine = self._by_node.get(node)
+        if not mine:
+            return
+        for info_hash in mine.difference(listed):
+            mine.discard(info_hash)
+            self._forget_artifact(node, info_hash)
+        if not mine:
+            del self._by_node[node]
 
     def known_nodes(self) -> set[str]:
         return set(self._by_node)
@@ -346,6 +348,25 @@ class MemoryPlanState(PlanState):
         return spare_upload(r for r in rates if r is not None)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _forget_artifact(self, node: str, info_hash: str) -> None:
+        """Drop ``node``'s bitfield, stripe and records for one artifact (the caller has
+        taken ``info_hash`` out of ``_by_node[node]``)."""
+        art = self._artifacts.get(info_hash)
+        if art is None:
+            return
+        old = art.held.pop(node, 0)
+        self.used -= art.entry_cost
+        self._count(art, old, -1)
+        self._release(art, node)
+        for table in (art.progress_at, art.stripe_len, art.reader_s3):
+            table.pop(node, None)
+        art.rates.pop(node, None)
+        art.modes.pop(node, None)
+        art.wide.discard(node)
+        if not art.held:
+            del self._artifacts[info_hash]
+            self.used -= art.cost
 
     @staticmethod
     def _count(art: _Artifact, pieces: int, delta: int) -> None:

@@ -207,38 +207,49 @@ class RedisPlanState(PlanState):
         return Committed(sorted(int(p) for p in reply[1:]), bool(reply[0]))
 
     def forget(self, nodes: Iterable[str]) -> None:
-        k = self._k
         for node in nodes:
-            for raw in self.redis.smembers(k("arts", node)):
-                ih = raw.decode()
-                geometry = self._geometry(ih)
-                count = geometry[1] if geometry else 0
-                held = _from_bitfield(self.redis.get(k("held", ih, node)), count)
-                per_artifact = [
-                    k(name, ih)
-                    for name in (
-                        "art", "avail", "union", "assigned", "owner", "owners", "progress",
-                        "stripelen", "wide", "s3", "rec",
-                    )
-                ]  # fmt: skip
-                self._forget(
-                    keys=[
-                        *per_artifact,
-                        k("held", ih, node),
-                        k("arts", node),
-                        k("planbytes"),
-                        k("artifacts"),
-                    ],
-                    args=[
-                        node,
-                        ih,
-                        ",".join(map(str, set_bits(held))),
-                        (count + 7) // 8 + 64,
-                        k("stripe", ih, ""),
-                        count * _COUNT_BYTES,
-                        " ".join(per_artifact),
-                    ],
-                )
+            for raw in self.redis.smembers(self._k("arts", node)):
+                self._forget_artifact(node, raw.decode())
+
+    def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
+        # one SMEMBERS per report; the FORGET script is run only for an artifact dropped
+        keep = set(listed)
+        for ih in (raw.decode() for raw in self.redis.smembers(self._k("arts", node))):
+            if ih not in keep:
+                self._forget_artifact(node, ih)
+
+    def _forget_artifact(self, node: str, ih: str) -> None:
+        """Drop ``node``'s bitfield, stripe and records for one artifact (the FORGET
+        script; a no-op if another coordinator did it first)."""
+        k = self._k
+        geometry = self._geometry(ih)
+        count = geometry[1] if geometry else 0
+        held = _from_bitfield(self.redis.get(k("held", ih, node)), count)
+        per_artifact = [
+            k(name, ih)
+            for name in (
+                "art", "avail", "union", "assigned", "owner", "owners", "progress",
+                "stripelen", "wide", "s3", "rec",
+            )
+        ]  # fmt: skip
+        self._forget(
+            keys=[
+                *per_artifact,
+                k("held", ih, node),
+                k("arts", node),
+                k("planbytes"),
+                k("artifacts"),
+            ],
+            args=[
+                node,
+                ih,
+                ",".join(map(str, set_bits(held))),
+                (count + 7) // 8 + 64,
+                k("stripe", ih, ""),
+                count * _COUNT_BYTES,
+                " ".join(per_artifact),
+            ],
+        )
 
     def known_nodes(self) -> set[str]:
         return set()  # departed nodes come from the peer store's sweep (forget)

@@ -26,7 +26,13 @@ from swarm.coordinator.tracker import decode_compact_peers
 from tests.integration.test_coordinator import FakeClock, Server, pid, report, serve
 from tests.servers import FaultProxy, Faults, free_port, wait_until
 from tests.swarmnet import SWARM, Swarm, done_event, get_json
-from tests.unit.test_coordinator_scale import HASH, MiB, plan, steps
+from tests.unit.test_coordinator_scale import (
+    HASH,
+    MiB,
+    plan,
+    steps,
+    stops_listing_leaves_the_union,
+)
 
 FETCH_TIMEOUT = 120
 
@@ -110,6 +116,10 @@ def test_redis_plan_state_matches_memory(redis_url: str, steps) -> None:
         assert a.s3_estimate == pytest.approx(b.s3_estimate)
         assert memory.availability(HASH) == shared.availability(HASH)
     connection.close()
+
+
+def test_redis_an_artifact_a_node_stops_listing_leaves_the_union(client: redis.Redis) -> None:
+    stops_listing_leaves_the_union(RedisPlanState(client))
 
 
 def test_two_planners_on_one_redis_hand_out_disjoint_stripes(client: redis.Redis) -> None:

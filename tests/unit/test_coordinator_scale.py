@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.coordinator.app import report_interval
+from swarm.coordinator.app import _handle_report, make_app, report_interval
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.origin import MAX_STRIPE_PIECES, StripePlanner
-from swarm.coordinator.planstate import GeometryError, MemoryPlanState
+from swarm.coordinator.planstate import GeometryError, MemoryPlanState, PlanState
 from swarm.coordinator.ranking import rank_peers
 from swarm.coordinator.reports import parse_report
 from swarm.coordinator.tracker import Announce
@@ -127,6 +127,65 @@ def test_a_stripe_is_capped_and_stalls_scale_with_the_interval() -> None:
     assert set(b.stripe).isdisjoint(fast.stripe)
     c = plan(planner, "c", 0, 12.0, count=4096, interval=5.0)
     assert set(c.stripe) & set(fast.stripe)  # 11 s > 10 s: a's stripe was released
+
+
+def seeded(node: str, *pieces: tuple[str, int]) -> dict[str, object]:
+    """A report listing, per (info_hash, held pieces), a 64-piece artifact."""
+    full = (1 << 64) - 1
+    return {
+        "node": node,
+        "addr": "10.0.0.1:6881",
+        "artifacts": [
+            {
+                "info_hash": info_hash,
+                "name": "x",
+                "size": 64 * MiB,
+                "have_bytes": held.bit_count() * MiB,
+                "complete": held == full,
+                "bytes_by_source": {"s3": 0},
+                "down_rate": 0,
+                "up_rate": 0,
+                "piece_size": MiB,
+                "piece_count": 64,
+                # piece 0 is the high bit of byte 0 (BitTorrent order)
+                "pieces": base64.b64encode(
+                    int(format(held, "064b")[::-1], 2).to_bytes(8, "big")
+                ).decode(),
+            }
+            for info_hash, held in pieces
+        ],
+    }
+
+
+def stops_listing_leaves_the_union(state: PlanState) -> None:
+    """A seeder whose data was deleted reports without the artifact: its pieces leave
+    the union at once (not when the node expires), so a fresh node is striped to read
+    them from S3 again instead of waiting to go WIDE. Shared with the Redis plan state's
+    test."""
+    planner = StripePlanner(stripe_bytes=4 * MiB, state=state)
+    app = make_app(planner=planner)
+    other, full = "cd" * 20, (1 << 64) - 1
+
+    def send(body: dict[str, object], now: float) -> dict[str, object]:
+        outcome = _handle_report(app, parse_report(body), body, now)
+        assert outcome.error is None
+        return outcome.plans
+
+    send(seeded("seeder", (HASH, full), (other, full)), 0.0)
+    assert send(seeded("a", (HASH, 0)), 0.5)[HASH]["stripe"] == []  # all held: no S3
+    send(seeded("seeder", (other, full)), 1.0)  # HASH deleted under it
+    assert planner.availability(HASH) == [0] * 64
+    assert send(seeded("b", (HASH, 0)), 1.5)[HASH]["stripe"] == [0, 1, 2, 3]
+    # the artifact it still lists is untouched
+    assert planner.availability(other) == [1] * 64
+    send(seeded("seeder"), 2.0)  # lists nothing: nothing of it is left
+    assert planner.availability(other) == []
+
+
+def test_an_artifact_a_node_stops_listing_leaves_the_union() -> None:
+    state = MemoryPlanState()
+    stops_listing_leaves_the_union(state)
+    assert state.known_nodes() == {"a", "b"}
 
 
 # -- tracker: a large swarm ----------------------------------------------------------------
