@@ -48,7 +48,7 @@ from dataclasses import asdict
 from types import FrameType
 
 from swarm.lab.fleet import FleetConfig, FleetError, SystemResult, log, run_fleet
-from swarm.lab.netlab import LabError
+from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
 from swarm.lab.s3 import MINIO_BIN
 from swarm.lab.scenarios import DEFAULTS, SCENARIOS, scenario
 from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS
@@ -64,7 +64,9 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         f"k={config.seeders} seeders (up {config.seeder_rate:g}), "
         f"F={config.size / 2**20:g} MiB, piece {config.piece_size >> 10} KiB, "
         f"origin up {config.origin_up:g} Mbit, nodes up/down {config.node_up:g}/"
-        f"{config.node_down:g} Mbit, S3 {config.s3}",
+        f"{config.node_down:g} Mbit, S3 {config.s3}"
+        + (f", far RTT {config.far_rtt_ms:g} ms loss {config.far_loss:g}" if config.far else "")
+        + f", TCP {config.tcp_cc or machine_tcp_cc()}",
         f"T* (Kumar-Ross bound) = {config.bound():.2f} s; the allocator plans "
         f"{plan.mode.value} (direct S3 share {plan.direct:.0%}) and predicts "
         f"{plan.finish:.2f} s",
@@ -151,6 +153,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         "--far-loss", type=float, help="loss each way between the regions, 0..1 (0)"
     )
     parser.add_argument(
+        "--tcp-cc",
+        help="TCP congestion control on every host (cubic, bbr; default: the scenario's, "
+        "else the machine's)",
+    )
+    parser.add_argument(
         "--rate-scale",
         type=float,
         default=1.0,
@@ -173,6 +180,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     args = parser.parse_args(argv)
     if args.rate_scale <= 0:
         parser.error("--rate-scale must be positive")
+    if args.tcp_cc and args.tcp_cc not in available_tcp_cc():
+        parser.error(f"--tcp-cc {args.tcp_cc}: this kernel has {' '.join(available_tcp_cc())}")
     flags = {key: getattr(args, key, None) for key in DEFAULTS}
     values = scenario(args.scenario, args.rate_scale, **flags)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

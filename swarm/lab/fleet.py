@@ -26,6 +26,7 @@ from __future__ import annotations
 import compileall
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -99,6 +100,25 @@ def log(message: str) -> None:
     print(f"[fleet {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _wan_delta(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> str:
+    """The WAN's frames during a run, per direction (near to far ``ab``, back ``ba``):
+    in, lost at random, dropped by its queue, overflowed."""
+    parts = []
+    for direction, now in sorted(after.items()):
+        then = before.get(direction, {})
+        counts = {
+            key: int(now.get(key, 0)) - int(then.get(key, 0))
+            for key in ("frames", "lost", "dropped", "overflow")
+        }
+        parts.append(direction + " " + " ".join(f"{k} {v}" for k, v in counts.items()))
+    return "; ".join(parts)
+
+
+FAR_TCP_FLOWS = 4
+"""TCP flows a client keeps across the WAN for :meth:`FleetConfig.far_tcp_seconds`
+(s5cmd's parts in flight for a 128 MiB object, roughly)."""
+
+
 # -- configuration ------------------------------------------------------------------------
 
 
@@ -126,6 +146,9 @@ class FleetConfig:
     ``far_loss`` 0: one region). Links among the nodes stay as they are."""
     far_loss: float = 0.0
     """Loss each way between the regions (0..1)."""
+    tcp_cc: str | None = None
+    """TCP congestion control in every host's namespace (``cubic``, ``bbr``); None: the
+    machine's default, which new namespaces copy."""
 
     @property
     def far(self) -> bool:
@@ -174,7 +197,16 @@ class FleetConfig:
         if self.system_timeout:
             return self.system_timeout
         origin_only = self.nodes * self.size * 8 / (self.origin_up * 1e6)
-        return 60.0 + max(10.0 * self.bound(), 2.0 * origin_only)
+        return 60.0 + max(10.0 * self.bound(), 2.0 * origin_only, 2.0 * self.far_tcp_seconds())
+
+    def far_tcp_seconds(self) -> float:
+        """Seconds for a far node to read the object over :data:`FAR_TCP_FLOWS` TCP flows
+        across the WAN at Mathis's rate (MSS/RTT x 1.22/sqrt(loss)): an S3-only client
+        there is that slow (0 for one region, or a WAN without loss)."""
+        if not self.far or self.far_loss <= 0 or self.far_rtt_ms <= 0:
+            return 0.0
+        flow = 1448 * 8 / (self.far_rtt_ms / 1e3) * 1.22 / math.sqrt(self.far_loss)
+        return self.size * 8 / (FAR_TCP_FLOWS * flow)
 
 
 # -- results ------------------------------------------------------------------------------
@@ -500,6 +532,7 @@ class Fleet:
             elif self.seeder_hosts:
                 notes.append(f"{name} does not seed: the seeders do not help it")
             drops_before = self.lab.qdisc_drops()
+            wan_before = self.wan.stats() if self.wan is not None else {}
             if name == "swarm" and self.keep:
                 trace = root / "fleet-trace.jsonl"  # the coordinator's view, for --keep
                 self.tracer = self.origin.popen(
@@ -554,6 +587,8 @@ class Fleet:
         }
         if drops:
             notes.append(f"tbf drops (packets) during the run: {drops}")
+        if self.wan is not None:
+            notes.append(f"WAN during the run: {_wan_delta(wan_before, self.wan.stats())}")
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
         return SystemResult(
@@ -601,7 +636,7 @@ def started_fleet(config: FleetConfig, keep: bool = False, lab_name: str = "fl")
     one way to set a fleet up)."""
     work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
     try:
-        with Lab(lab_name) as lab:
+        with Lab(lab_name, tcp_cc=config.tcp_cc) as lab:
             fleet = Fleet(config, lab, work, keep)
             fleet.start_origin()
             yield fleet

@@ -56,6 +56,31 @@ TC = shutil.which("tc") or "/usr/sbin/tc"
 COMMAND_TIMEOUT = 20.0
 """Seconds any one ``ip``/``tc`` command may take (they take milliseconds)."""
 
+SYSCTL = shutil.which("sysctl") or "/usr/sbin/sysctl"
+CC_SYSCTL = "net.ipv4.tcp_congestion_control"
+"""Per network namespace (Linux >= 4.15); IPv6 TCP follows it too."""
+
+
+def machine_tcp_cc() -> str:
+    """The machine's TCP congestion control (what a new namespace starts with)."""
+    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+
+
+def available_tcp_cc() -> list[str]:
+    """The congestion controls this kernel has loaded."""
+    return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+
+
+def allow_tcp_cc(name: str) -> None:
+    """Let namespaces default to ``name``: only the first namespace may make a default of
+    a congestion control outside ``tcp_allowed_congestion_control`` (EPERM otherwise).
+    The machine's own default is left as it is; the list only grows."""
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+    names = allowed.read_text().split()
+    if name not in names:
+        allowed.write_text(" ".join([*names, name]))
+
+
 KERNEL_HZ = 250
 """Timer frequency assumed for tbf bursts: the common distro value (``CONFIG_HZ=250``).
 With a 1000 Hz kernel the bursts below are just 4x larger than needed."""
@@ -235,7 +260,12 @@ atexit.register(_cleanup_live_labs)
 class Lab:
     """A bridge in a namespace of its own, and hosts attached to it (context manager)."""
 
-    def __init__(self, prefix: str = "lab", subnet: str = "10.77.0.0/24") -> None:
+    def __init__(
+        self, prefix: str = "lab", subnet: str = "10.77.0.0/24", tcp_cc: str | None = None
+    ) -> None:
+        """``tcp_cc``: the TCP congestion control of every host's namespace (``cubic``,
+        ``bbr``...); None: the namespace's default, which a new namespace copies from the
+        machine's (``bbr`` on the lab machine)."""
         if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", prefix):
             raise ValueError(f"lab prefix must be 1-6 lowercase letters/digits, got {prefix!r}")
         self.tag = f"{prefix}{os.getpid()}-{next(_LAB_NUMBERS)}"
@@ -247,6 +277,7 @@ class Lab:
         self._processes: list[subprocess.Popen[Any]] = []
         self._closed = False
         self._old_handlers: dict[int, Any] = {}
+        self.tcp_cc = tcp_cc
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -352,6 +383,9 @@ class Lab:
         inside = [IP, "-n", netns]
         _run([*inside, "addr", "add", f"{ip}/{self.network.prefixlen}", "dev", "eth0"])
         _run([*inside, "link", "set", "eth0", "up"])
+        if self.tcp_cc:
+            allow_tcp_cc(self.tcp_cc)
+            _run([IP, "netns", "exec", netns, SYSCTL, "-qw", f"{CC_SYSCTL}={self.tcp_cc}"])
         shape(netns, "eth0", up_mbit)
         shape(self.switch, port, down_mbit)
         host = Host(self, name, netns, ip, up_mbit, down_mbit, port)

@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "seeder_up": None,  # = node_up
     "far_rtt_ms": 0.0,  # > 0 (or far_loss > 0): the new nodes are in another region
     "far_loss": 0.0,
+    "tcp_cc": None,  # every host's TCP congestion control; None: the machine's default
 }
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -42,6 +43,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     # Issue 13: S3 and two seeders in one region, four new nodes in another, 100 ms of
     # RTT and 0.5% loss away (one CUBIC flow gets ~2 Mbit/s there); fast among themselves.
+    # CUBIC as on EC2's Linux images: a new namespace would take this machine's bbr, which
+    # ignores random loss, so no TCP would be the lossy long-RTT TCP the shape is about.
     "far-region": {
         "nodes": 4,
         "origin_up": 1000,
@@ -51,6 +54,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "seeder_up": 200,
         "far_rtt_ms": 100,
         "far_loss": 0.005,
+        "tcp_cc": "cubic",
     },
 }
 
