@@ -12,8 +12,9 @@ rate. Nothing tells a node that it is far: it measures.
   each costs a few round trips (handshake, tail); batches of 4 MiB measured a fifth of
   UDP's rate on a 100 ms path.
 - After :data:`PROBE_SECONDS`, a session goes on while UDP delivers :data:`UDP_BETTER`
-  times TCP's rate over the last :data:`RATE_WINDOW`; when it does not (TCP caught up,
-  or the holder is slow) it stops, and the next try waits twice as long as the last
+  times what TCP brings from far (far peers and S3, :class:`FarTcp`: not the region's
+  own exchange) over the last :data:`RATE_WINDOW`; when it does not (TCP caught up, or
+  the holder is slow) it stops, and the next try waits twice as long as the last
   (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
 - A session takes missing pieces that the holder has, those libtorrent is not already
   downloading first, downwards from just below the node's stripe offset (S3 stripes go
@@ -57,9 +58,17 @@ from swarm.udp import FetchStats, UdpAuthError, UdpError
 
 log = logging.getLogger(__name__)
 
-START_AFTER: Final = 3.0
-"""Seconds into a fetch before the first probe: TCP's slow start and the first piece
-exchanges need that long to show their rate."""
+START_AFTER: Final = 0.5
+"""Seconds into a fetch before the first look for a far holder. Not longer: whether a
+holder is far is a round trip, known as soon as libtorrent has connected to it, and a far
+region's TCP is slow from its first second (at 3 s, far nodes were a third done before
+UDP's first datagram). A near holder is found near at once and costs nothing more."""
+
+HOLDER_WAIT: Final = 0.25
+"""Seconds before looking again when libtorrent has no holder connected yet (the fetch's
+first second): not a failed try, so no backoff. Also the first wait when every holder
+is near, doubling from there to :data:`PROBE_BACKOFF_CAP` (a far holder may connect
+later: far nodes meet their own region's peers first)."""
 
 WORTH_SECONDS: Final = 5.0
 """Try UDP only while TCP would take at least this long for what is missing: a fast
@@ -94,18 +103,22 @@ HOLDER_PENALTY: Final = 30.0
 
 NEAR_RTT: Final = 0.02
 """A holder whose round trip is below this is near: TCP fills such a path (its rate goes
-as 1/RTT), so UDP would only add CPU. It is not asked again during this fetch, and the
-next try waits :data:`PROBE_BACKOFF_CAP` (its neighbours are likely near too). A near
-fleet whose TCP is slow for another reason (CPU) tried UDP again and again before this:
-5-17% of its bytes, for nothing. The round trip is the least of a few TCP handshakes with
-the holder's UDP control port, as the kernel timed them (:func:`connect_rtt`), before
-any session; a session's own least RTT catches a near holder whose path was queueing
-then."""
+as 1/RTT), so UDP would only add CPU. It is not asked again during this fetch; when every
+holder is near, the next look waits longer each time (:meth:`UdpChoice.all_near`). A
+near fleet whose TCP is slow for another reason (CPU) tried UDP again and again before
+this: 5-17% of its bytes, for nothing. The round trip is the kernel's least of
+libtorrent's connection to the holder (:func:`kernel_min_rtts`), else of a few TCP
+handshakes with its UDP control port (:func:`connect_rtt`); a session's own least RTT
+catches a near holder whose path was queueing then."""
 
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""
 
 SS = shutil.which("ss") or "/usr/bin/ss"
+
+RTT_REFRESH: Final = 1.0
+"""Seconds between two reads of the kernel's round trips while a session runs (new peers
+are classed near or far by them)."""
 """iproute2's socket statistics: the kernel's own view of this node's TCP connections."""
 
 
@@ -118,6 +131,7 @@ class UdpChoice:
     backoff: float = PROBE_BACKOFF
     udp_rate: float = 0.0
     """The last session's rate, bytes/s (sizes the next one)."""
+    near_wait: float = HOLDER_WAIT
 
     def __post_init__(self) -> None:
         self.next_try_at = self.started_at + START_AFTER
@@ -145,6 +159,16 @@ class UdpChoice:
         self.next_try_at = now + self.backoff
         self.backoff = min(PROBE_BACKOFF_CAP, self.backoff * 2)
 
+    def no_holder(self, now: float) -> None:
+        """No holder connected yet (or none holds a missing piece): look again soon,
+        without counting a try."""
+        self.next_try_at = now + HOLDER_WAIT
+
+    def all_near(self, now: float) -> None:
+        """Every holder is near: look again later, each time twice as late."""
+        self.next_try_at = now + self.near_wait
+        self.near_wait = min(PROBE_BACKOFF_CAP, self.near_wait * 2)
+
     def failed(self, now: float) -> None:
         """A session failed on its holder (refused, closed, timed out): that says nothing
         of UDP against TCP, so another holder may be tried at once (the caller has put
@@ -156,26 +180,44 @@ TCP_INFO_RTT_OFFSET: Final = 68
 """Offset of ``tcpi_rtt`` (microseconds, u32) in Linux's ``struct tcp_info``."""
 
 
-def kernel_min_rtt(ip: str) -> float | None:
-    """The least round trip the kernel has measured on any of this node's TCP connections
-    to ``ip`` (libtorrent's peer connection among them), in seconds; None if there is none,
-    or no ``ss``. Linux keeps each connection's minimum over a window of minutes
-    (``tcp_min_rtt_wlen``), so a moment with the queues drained is enough: on a near path
-    under load, three connects in a row all waited behind full tbf queues (40-120 ms in
-    the s3-fast fleet at a quarter of its rates), and every node ran two UDP sessions on
-    its LAN, each flooding a 62.5 Mbit uplink for three seconds for under 1 MB/s."""
+def kernel_min_rtts() -> dict[str, float]:
+    """The least round trip the kernel has measured on this node's TCP connections, per
+    peer address, in seconds (empty if there is no ``ss``). Linux keeps each connection's
+    minimum over a window of minutes (``tcp_min_rtt_wlen``), so a moment with the queues
+    drained is enough: on a near path under load, three connects in a row all waited
+    behind full tbf queues (40-120 ms in the s3-fast fleet at a quarter of its rates), and
+    every node ran two UDP sessions on its LAN, each flooding a 62.5 Mbit uplink for three
+    seconds for under 1 MB/s."""
     try:
         done = subprocess.run(
-            [SS, "-H", "-t", "-i", "-n", "dst", ip],
-            capture_output=True,
-            text=True,
-            timeout=2.0,
-            check=False,
+            [SS, "-H", "-t", "-i", "-n"], capture_output=True, text=True, timeout=2.0, check=False
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    values = [float(v) for v in re.findall(r"\bminrtt:([0-9.]+)", done.stdout)]
-    return min(values) / 1e3 if values else None
+        return {}
+    found: dict[str, float] = {}
+    peer: str | None = None
+    for line in done.stdout.splitlines():
+        if line[:1] not in (" ", "\t"):  # a connection: "STATE RECV-Q SEND-Q LOCAL PEER"
+            fields = line.split()
+            peer = _address(fields[-1]) if len(fields) >= 2 else None
+            continue
+        match = re.search(r"\bminrtt:([0-9.]+)", line)
+        if peer is not None and match:
+            found[peer] = min(found.get(peer, math.inf), float(match[1]) / 1e3)
+    return found
+
+
+def _address(endpoint: str) -> str:
+    """``ss``'s ``ADDR:PORT`` as libtorrent names the address (no brackets, no IPv4-mapped
+    prefix)."""
+    ip = endpoint.rsplit(":", 1)[0].strip("[]").split("%")[0]
+    return ip.removeprefix("::ffff:") if "." in ip else ip
+
+
+def kernel_min_rtt(ip: str) -> float | None:
+    """The kernel's least round trip of this node's TCP connections to ``ip`` (libtorrent's
+    peer connection among them), seconds; None if there is none (:func:`kernel_min_rtts`)."""
+    return kernel_min_rtts().get(ip)
 
 
 def handshake_rtt(sock: socket.socket) -> float | None:
@@ -295,6 +337,33 @@ class _RateWindow:
         return tuple((c - b) / (now - then) for b, c in zip(before, counters, strict=True))
 
 
+class FarTcp:
+    """The rate UDP competes with: what TCP brings from far away, that is from peers whose
+    kernel round trip is :data:`NEAR_RTT` or more (libtorrent's rate of each), plus S3.
+    Not what near peers bring: in a far region those are the other far nodes, passing
+    on what crossed the WAN (UDP's pieces among it); counting them, a session delivering
+    far more than the holders' TCP lost to the region's own exchange and stopped."""
+
+    def __init__(self, handle: Any, s3_bytes: Callable[[], int]) -> None:
+        self.handle, self.s3_bytes = handle, s3_bytes
+        self._s3 = _RateWindow()
+        self._rtts: dict[str, float] = {}
+        self._rtts_at = -math.inf
+
+    def rate(self, now: float) -> float:
+        """Bytes/s from far peers and S3 now (a peer the kernel has no round trip for,
+        uTP or just gone, counts as far: when in doubt UDP has to win by more)."""
+        if now - self._rtts_at >= RTT_REFRESH:
+            self._rtts, self._rtts_at = kernel_min_rtts(), now
+        peers = sum(
+            p.payload_down_speed
+            for p in self.handle.get_peer_info()
+            if self._rtts.get(p.ip[0], math.inf) >= NEAR_RTT
+        )
+        s3 = self._s3.add(now, self.s3_bytes())
+        return peers + (s3[0] if s3 else 0.0)
+
+
 def _node_hash(node_id: str, ip: str) -> int:
     return int.from_bytes(hashlib.sha1(f"{node_id} {ip}".encode()).digest()[:4], "big")
 
@@ -334,9 +403,9 @@ def auto_udp(
         def set_near(ip: str, seconds: float, how: str) -> None:
             log.info("udp: %s is near (%s %.1f ms): TCP's", ip, how, seconds * 1e3)
             penalties.add(ip, math.inf)
-            choice.backoff = PROBE_BACKOFF_CAP  # its neighbours are likely near too
 
-        window = _RateWindow()  # TCP's bytes/s
+        window = _RateWindow()  # TCP's bytes/s, near peers too: whether UDP is worth trying
+        far_tcp = FarTcp(handle, lambda: sink.bytes_by_source.get("s3", 0))
 
         def tcp_bytes() -> int:
             by = sink.bytes_by_source
@@ -349,13 +418,15 @@ def auto_udp(
             missing = sink.missing()
             want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
             if not want:
-                artifact.cancel.wait(0.5)
+                artifact.cancel.wait(min(0.5, max(0.05, choice.next_try_at - now)))
                 continue
+            holders = [h for h in holders_of(handle, own_ip) if not penalties.skip(h.ip)]
+            rtts = kernel_min_rtts() if holders else {}
+            for h in holders:  # near holders are TCP's, whichever is best
+                if rtts.get(h.ip, math.inf) < NEAR_RTT:
+                    set_near(h.ip, rtts[h.ip], "kernel's least")
             holder = best_holder(
-                holders_of(handle, own_ip),
-                missing,
-                penalties.skip,
-                lambda ip: _node_hash(node_id, ip),
+                holders, missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
             )
             pieces = (
                 batch_pieces(
@@ -365,32 +436,29 @@ def auto_udp(
                 else []
             )
             if holder is None or not pieces:
-                choice.ended(now, choice.udp_rate, paid=False)
+                if holders and not any(not penalties.skip(h.ip) for h in holders):
+                    choice.all_near(now)
+                else:
+                    choice.no_holder(now)  # none yet (libtorrent still connecting)
                 continue
-            kernel = kernel_min_rtt(holder.ip)
-            if kernel is not None and kernel < NEAR_RTT:
-                set_near(holder.ip, kernel, "kernel's least")
-                choice.ended(time.monotonic(), choice.udp_rate, paid=False)
-                continue
+            kernel = rtts.get(holder.ip)
             if holder.ip not in far:
-                rtt = connect_rtt(holder.ip, port)
+                # The kernel's round trip of libtorrent's connection, else (uTP, or just
+                # gone) a few connects to the holder's UDP control port, timed.
+                how = "kernel's least" if kernel is not None else "connect"
+                rtt = kernel if kernel is not None else connect_rtt(holder.ip, port)
                 if rtt is None:
                     log.info("udp: %s:%d refuses connections", holder.ip, port)
                     penalties.add(holder.ip)
                     choice.failed(time.monotonic())
                     continue
                 if rtt < NEAR_RTT:
-                    set_near(holder.ip, rtt, "connect")
-                    choice.ended(time.monotonic(), choice.udp_rate, paid=False)
+                    set_near(holder.ip, rtt, how)
+                    choice.all_near(time.monotonic())
                     continue
-                log.info(
-                    "udp: %s answers a connect in %.1f ms (kernel's least: %s)",
-                    holder.ip,
-                    rtt * 1e3,
-                    "none" if kernel is None else f"{kernel * 1e3:.1f} ms",
-                )
+                log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
                 far[holder.ip] = rtt
-            pull = _Session(artifact, holder.ip, port, secret, pieces, tcp_bytes)
+            pull = _Session(artifact, holder.ip, port, secret, pieces, far_tcp)
             udp_rate, paid = pull.run(choice)
             if pull.error is not None:
                 log.info("udp from %s:%d failed: %s", holder.ip, port, pull.error)
@@ -438,11 +506,11 @@ class _Session:
         port: int,
         secret: bytes,
         pieces: list[int],
-        tcp_bytes: Callable[[], int],
+        far_tcp: FarTcp,
     ) -> None:
         self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
         self.pieces = pieces
-        self.tcp_bytes = tcp_bytes
+        self.far_tcp = far_tcp
         self.stop = threading.Event()
         self.error: Exception | None = None
         self.tcp_rate = 0.0
@@ -461,8 +529,8 @@ class _Session:
         by = self.artifact.sink.bytes_by_source
         started = time.monotonic()
         udp_at_start = by.get(SOURCE, 0)
-        window = _RateWindow()  # UDP's and TCP's bytes/s
-        window.add(started, udp_at_start, self.tcp_bytes())
+        window = _RateWindow()  # UDP's bytes/s
+        window.add(started, udp_at_start)
         worker = threading.Thread(target=self._fetch, name="udp-auto-fetch", daemon=True)
         worker.start()
         lost = False
@@ -472,10 +540,11 @@ class _Session:
                 self.stop.set()
                 continue
             now = time.monotonic()
-            rates = window.add(now, by.get(SOURCE, 0), self.tcp_bytes())
+            rates = window.add(now, by.get(SOURCE, 0))
+            self.tcp_rate = self.far_tcp.rate(now)
             if rates is None or self.stop.is_set():
                 continue
-            udp_rate, self.tcp_rate = rates
+            (udp_rate,) = rates
             if not choice.keep(now - started, udp_rate, self.tcp_rate):
                 lost = True
                 self.stop.set()

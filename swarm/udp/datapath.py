@@ -55,18 +55,31 @@ RECV_BUFFER: Final = 1 << 16
 RECV_BUDGET: Final = 64
 """Receives per readable event before the event loop gets a turn (4 MiB with GRO)."""
 SOCKET_BUFFER: Final = 32 << 20
-"""UDP socket buffers: at 1 Gbit/s, 32 MiB is 250 ms of data, enough to ride out a slow
-event-loop turn (a GC pause, a piece read) without dropping. Above net.core.[rw]mem_max
-only root can set it (SO_*BUFFORCE); otherwise the kernel clamps it."""
+"""UDP receive buffer: at 1 Gbit/s, 32 MiB is 250 ms of data, enough to ride out a slow
+event-loop turn (a GC pause, a piece read) without dropping. Above net.core.rmem_max
+only root can set it (SO_RCVBUFFORCE); otherwise the kernel clamps it."""
+SEND_BUFFER: Final = 512 << 10
+"""UDP send buffer (the kernel doubles it: 1 MiB in flight). A datagram counts against it
+until this host's own queue (qdisc, NIC) has sent it, so a full buffer is the local link
+pushing back: the send waits (EAGAIN) instead of the queue dropping. With 32 MiB, the
+far-region fleet's seeders overran their 200 Mbit uplink's queue: 20% of their GSO sends
+were dropped there (``SndbufErrors``: UDP counts the qdisc's drops and returns success),
+64 datagrams each, that the receivers had to NAK a round trip later. 1 MiB is 40 ms of a
+200 Mbit link and 8 ms of 1 Gbit: more than a pacer turn."""
 _GRO_CMSG: Final = socket.CMSG_SPACE(4)
 _U16: Final = struct.Struct("=H")
 _INT: Final = struct.Struct("=i")
 
 
-def tune_buffers(sock: socket.socket, size: int = SOCKET_BUFFER) -> None:
-    """Socket buffers of ``size`` bytes: forced past ``net.core.[rw]mem_max`` with
-    CAP_NET_ADMIN (root), else as much as those limits allow."""
-    for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+def tune_buffers(
+    sock: socket.socket, receive: int = SOCKET_BUFFER, send: int = SEND_BUFFER
+) -> None:
+    """Socket buffers of ``receive`` and ``send`` bytes: forced past
+    ``net.core.[rw]mem_max`` with CAP_NET_ADMIN (root), else as much as those limits allow."""
+    for force, plain, size in (
+        (SO_RCVBUFFORCE, socket.SO_RCVBUF, receive),
+        (SO_SNDBUFFORCE, socket.SO_SNDBUF, send),
+    ):
         try:
             sock.setsockopt(socket.SOL_SOCKET, force, size)
         except OSError:

@@ -30,7 +30,7 @@ MiB = 1 << 20
 
 def test_a_near_fleet_never_tries_udp() -> None:
     choice = UdpChoice(started_at=0.0)
-    assert choice.session_bytes(1.0, 0.0, 100 * MiB) == 0  # TCP still starting
+    assert choice.session_bytes(START_AFTER / 2, 0.0, 100 * MiB) == 0  # TCP still starting
     # TCP at 25 MB/s finishes 100 MiB in 4 s: not worth a session
     assert choice.session_bytes(START_AFTER, 25e6, 100 * MiB) == 0
 
