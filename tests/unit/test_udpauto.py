@@ -10,12 +10,15 @@ import pytest
 
 from swarm.agent import udpauto
 from swarm.agent.udpauto import (
+    HOLDER_WAIT,
     NEAR_RTT,
     PROBE_BACKOFF,
+    PROBE_BACKOFF_CAP,
     PROBE_SECONDS,
     SESSION_BYTES,
     SESSION_SECONDS,
     START_AFTER,
+    FarTcp,
     Holder,
     UdpChoice,
     batch_pieces,
@@ -71,6 +74,57 @@ def test_a_holder_failing_lets_the_next_be_tried_at_once() -> None:
     choice.failed(START_AFTER + 1)
     assert choice.session_bytes(START_AFTER + 1, 0.5e6, 1 << 30) == int(20e6 * SESSION_SECONDS)
     assert choice.backoff == PROBE_BACKOFF
+
+
+def test_no_holder_yet_is_not_a_failed_try() -> None:
+    """In the fetch's first second libtorrent has no holder connected: look again soon,
+    and the backoff stays as it was (it once doubled to 10 s, and far nodes were a third
+    done before their first UDP datagram)."""
+    choice = UdpChoice(started_at=0.0)
+    choice.no_holder(START_AFTER)
+    assert choice.next_try_at == START_AFTER + HOLDER_WAIT
+    assert choice.backoff == PROBE_BACKOFF
+    assert choice.session_bytes(START_AFTER + HOLDER_WAIT, 0.0, 100 * MiB) > 0
+
+
+def test_only_near_holders_are_looked_at_again_later_each_time() -> None:
+    choice = UdpChoice(started_at=0.0)
+    now, waits = START_AFTER, []
+    for _ in range(10):
+        choice.all_near(now)
+        waits.append(choice.next_try_at - now)
+        now = choice.next_try_at
+    assert waits[:3] == [HOLDER_WAIT, 2 * HOLDER_WAIT, 4 * HOLDER_WAIT]
+    assert max(waits) == PROBE_BACKOFF_CAP
+
+
+class _Peer:
+    def __init__(self, ip: str, rate: int) -> None:
+        self.ip, self.payload_down_speed = (ip, 6881), rate
+
+
+class _Handle:
+    def __init__(self, peers: list[_Peer]) -> None:
+        self.peers = peers
+
+    def get_peer_info(self) -> list[_Peer]:
+        return self.peers
+
+
+def test_far_tcp_is_far_peers_and_s3_not_the_regions_own_exchange(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What UDP competes with: far peers (the kernel's RTT >= NEAR_RTT) and S3, not the
+    near peers passing on what crossed the WAN; a peer with no kernel RTT counts as far."""
+    rtts = {"10.0.0.2": 0.0004, "10.0.0.3": 0.1}
+    monkeypatch.setattr(udpauto, "kernel_min_rtts", lambda: rtts)
+    handle = _Handle([_Peer("10.0.0.2", 20_000_000), _Peer("10.0.0.3", 1_000_000),
+                      _Peer("10.0.0.9", 500_000)])  # fmt: skip
+    s3 = [0]
+    far = FarTcp(handle, lambda: s3[0])
+    assert far.rate(0.0) == 1_500_000  # no S3 rate before half a second
+    s3[0] = 2_000_000
+    assert far.rate(1.0) == pytest.approx(3_500_000)
 
 
 def test_sessions_go_down_from_the_start_through_what_the_holder_has() -> None:
