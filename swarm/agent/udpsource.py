@@ -7,6 +7,7 @@ checks every piece it hands over (``TorrentSink.offer``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
@@ -27,8 +28,10 @@ def pull_pieces(
     secret: bytes,
     pieces: list[int],
     cancel: threading.Event,
+    offer: Callable[[int, bytes | memoryview], bool] | None = None,
 ) -> FetchStats:
-    """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink."""
+    """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink (or
+    through ``offer``, which hands them to the sink itself)."""
     manifest, sink = artifact.manifest, artifact.sink
     return fetch_pieces_sync(
         host,
@@ -36,7 +39,7 @@ def pull_pieces(
         secret,
         manifest.info_hash,
         pieces,
-        lambda index, data: sink.offer(index, data, SOURCE),
+        offer or (lambda index, data: sink.offer(index, data, SOURCE)),
         piece_size=manifest.piece_size,
         piece_count=manifest.layout.count,
         cancel=cancel,

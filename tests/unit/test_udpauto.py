@@ -1,5 +1,6 @@
-"""The automatic UDP source's choices (pure): when to probe, when to stay, what to pull; and
-the round-trip probe it makes before a session, on real sockets."""
+"""The automatic UDP source: its choices (pure, :mod:`swarm.agent.udpchoice`): when to
+probe, when to stay, what to pull; the rate it competes with; and the round-trip probes
+(:mod:`swarm.agent.rtt`), on real sockets."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import socket
 
 import pytest
 
+from swarm.agent import rtt as rtt_module
 from swarm.agent import udpauto
-from swarm.agent.udpauto import (
+from swarm.agent.rtt import connect_rtt, handshake_rtt, kernel_min_rtt
+from swarm.agent.udpauto import FarTcp
+from swarm.agent.udpchoice import (
     HOLDER_WAIT,
     NEAR_RTT,
     PROBE_BACKOFF,
@@ -18,14 +22,11 @@ from swarm.agent.udpauto import (
     SESSION_BYTES,
     SESSION_SECONDS,
     START_AFTER,
-    FarTcp,
     Holder,
     UdpChoice,
     batch_pieces,
     best_holder,
-    connect_rtt,
-    handshake_rtt,
-    kernel_min_rtt,
+    piece_order,
 )
 
 MiB = 1 << 20
@@ -127,16 +128,33 @@ def test_far_tcp_is_far_peers_and_s3_not_the_regions_own_exchange(
     assert far.rate(1.0) == pytest.approx(3_500_000)
 
 
-def test_sessions_go_down_from_the_start_through_what_the_holder_has() -> None:
+def test_sessions_take_what_the_holder_has_in_this_nodes_order() -> None:
+    by_index = int  # an order that is the pieces' own
     half = Holder("10.0.0.2", seed=False, pieces=[True] * 5 + [False] * 5)
     missing = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert batch_pieces(missing, half, in_flight={4}, count=3, start=9) == [3, 2, 1]
+    assert batch_pieces(missing, half, in_flight={1}, count=3, order=by_index) == [0, 2, 3]
     seed = Holder("10.0.0.3", seed=True, pieces=[True] * 10)
-    assert batch_pieces(missing, seed, in_flight={9}, count=2, start=9) == [8, 7]
-    # another node of the region starts elsewhere, and goes round from the top
-    assert batch_pieces(missing, seed, in_flight={9}, count=4, start=1) == [1, 0, 8, 7]
-    # what libtorrent is downloading comes last, yet it comes
-    assert batch_pieces(missing, half, in_flight={4, 3}, count=5, start=9) == [2, 1, 0, 4, 3]
+    backwards = lambda i: -i  # noqa: E731
+    assert batch_pieces(missing, seed, in_flight={9}, count=2, order=backwards) == [8, 7]
+    # what a near peer holds comes after the rest, what libtorrent is downloading last
+    got = batch_pieces(
+        missing, half, in_flight={4}, count=5, order=by_index, nearby=frozenset({0, 1})
+    )
+    assert got == [2, 3, 0, 1, 4]
+
+
+def test_each_node_has_its_own_order_so_far_nodes_pull_different_pieces() -> None:
+    """Two nodes' first sessions share few pieces (each piece crosses the WAN about once);
+    runs down from two stripe offsets overlapped whenever the offsets were close."""
+    seed = Holder("10.0.0.3", seed=True, pieces=[True] * 128)
+    missing = list(range(128))
+    firsts = [
+        set(batch_pieces(missing, seed, set(), 16, piece_order(f"node{n}", 128))) for n in range(4)
+    ]
+    assert all(len(f) == 16 for f in firsts)
+    shared = [len(a & b) for i, a in enumerate(firsts) for b in firsts[i + 1 :]]
+    assert max(shared) <= 8 and sum(shared) / len(shared) < 5  # 2 expected by chance
+    assert piece_order("node0", 128)(5) == piece_order("node0", 128)(5)  # stable
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
@@ -191,7 +209,7 @@ def test_connect_rtt_leaves_out_a_late_wake_up(monkeypatch: pytest.MonkeyPatch) 
         port = listener.getsockname()[1]
         with socket.create_connection(("127.0.0.1", port)) as sock:
             kernel = handshake_rtt(sock)
-        monkeypatch.setattr(udpauto, "time", LateClock)
+        monkeypatch.setattr(rtt_module, "time", LateClock)
         rtt = connect_rtt("127.0.0.1", port, tries=1)
     assert kernel is not None and 0 < kernel < NEAR_RTT
     assert rtt is not None and rtt < NEAR_RTT

@@ -1,0 +1,98 @@
+"""How far away a peer is: the round trips the kernel measured on this node's TCP
+connections, or a few timed connects. The automatic UDP source (:mod:`.udpauto`) pulls
+only from far holders."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import time
+from typing import Final
+
+RTT_PROBES: Final = 3
+"""TCP connects timed before a session (their least is the holder's round trip)."""
+
+SS = shutil.which("ss") or "/usr/bin/ss"
+"""iproute2's socket statistics: the kernel's own view of this node's TCP connections."""
+
+TCP_INFO_RTT_OFFSET: Final = 68
+"""Offset of ``tcpi_rtt`` (microseconds, u32) in Linux's ``struct tcp_info``."""
+
+
+def kernel_min_rtts() -> dict[str, float]:
+    """The least round trip the kernel has measured on this node's TCP connections, per
+    peer address, in seconds (empty if there is no ``ss``). Linux keeps each connection's
+    minimum over a window of minutes (``tcp_min_rtt_wlen``), so a moment with the queues
+    drained is enough: on a near path under load, three connects in a row all waited
+    behind full tbf queues (40-120 ms in the s3-fast fleet at a quarter of its rates), and
+    every node ran two UDP sessions on its LAN, each flooding a 62.5 Mbit uplink for three
+    seconds for under 1 MB/s."""
+    try:
+        done = subprocess.run(
+            [SS, "-H", "-t", "-i", "-n"], capture_output=True, text=True, timeout=2.0, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[str, float] = {}
+    peer: str | None = None
+    for line in done.stdout.splitlines():
+        if line[:1] not in (" ", "\t"):  # a connection: "STATE RECV-Q SEND-Q LOCAL PEER"
+            fields = line.split()
+            peer = _address(fields[-1]) if len(fields) >= 2 else None
+            continue
+        match = re.search(r"\bminrtt:([0-9.]+)", line)
+        if peer is not None and match:
+            found[peer] = min(found.get(peer, math.inf), float(match[1]) / 1e3)
+    return found
+
+
+def _address(endpoint: str) -> str:
+    """``ss``'s ``ADDR:PORT`` as libtorrent names the address (no brackets, no IPv4-mapped
+    prefix)."""
+    ip = endpoint.rsplit(":", 1)[0].strip("[]").split("%")[0]
+    return ip.removeprefix("::ffff:") if "." in ip else ip
+
+
+def kernel_min_rtt(ip: str) -> float | None:
+    """The kernel's least round trip of this node's TCP connections to ``ip`` (libtorrent's
+    peer connection among them), seconds; None if there is none (:func:`kernel_min_rtts`)."""
+    return kernel_min_rtts().get(ip)
+
+
+def handshake_rtt(sock: socket.socket) -> float | None:
+    """The kernel's round-trip estimate of a just-connected TCP socket (seconds): its
+    SYN to SYN-ACK time, stamped by the kernel, so a busy node's late wake-up is not in
+    it. None where the platform has no ``TCP_INFO``."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        (micros,) = struct.unpack_from("I", info, TCP_INFO_RTT_OFFSET)
+    except (AttributeError, OSError, struct.error):
+        return None
+    return micros / 1e6 if micros > 0 else None
+
+
+def connect_rtt(
+    host: str, port: int, tries: int = RTT_PROBES, timeout: float = 1.0
+) -> float | None:
+    """The least round trip of ``tries`` TCP connects to ``host:port``, or None if none
+    connected. Each is the kernel's handshake time (:func:`handshake_rtt`), else the
+    connect's wall time (the path's round trip plus this node's wake-up: a near fleet on
+    two saturated cores timed its neighbours at 23-103 ms and ran UDP sessions on its
+    LAN, sending up to 461 Mbit/s into 100 Mbit uplinks). Each connection is closed at
+    once: the server sees a control connection end before its hello."""
+    best: float | None = None
+    for _ in range(tries):
+        started = time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=timeout) as sock:
+                took = time.monotonic() - started
+                kernel = handshake_rtt(sock)
+        except OSError:
+            continue
+        took = kernel if kernel is not None else took
+        best = took if best is None else min(best, took)
+    return best

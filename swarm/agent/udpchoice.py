@@ -1,0 +1,235 @@
+"""When and from whom the daemon pulls pieces over UDP: the automatic UDP source's
+choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
+
+- While the fetch would take :data:`WORTH_SECONDS` more at its TCP rate (peers and S3
+  together), a node opens a UDP *session* with the best far holder its libtorrent peers
+  show (a seed first, else the one holding most of what it lacks), and another with the
+  next (:data:`MAX_LANES`), each for pieces that holder has, :data:`SESSION_SECONDS` of
+  UDP's last rate at a time. A session is long because each costs a few round trips
+  (handshake, tail); batches of 4 MiB measured a fifth of UDP's rate on a 100 ms path.
+- After :data:`PROBE_SECONDS`, a session goes on while UDP delivers :data:`UDP_BETTER`
+  times what TCP brings from far (far peers and S3: not the region's own exchange) over
+  the last :data:`RATE_WINDOW`, or while it is in its tail (:data:`TAIL_SHARE`); when it
+  loses (TCP caught up, or the holder is slow) it stops, and its holder waits twice as
+  long as the last (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
+- A session takes missing pieces that the holder has in this node's own order
+  (:func:`piece_order`): first those no near peer holds and libtorrent is not
+  downloading, so the nodes of one region pull different pieces and each tends to
+  cross the WAN once.
+- A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's
+  (:mod:`.rtt` measures).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+START_AFTER: Final = 0.5
+"""Seconds into a fetch before the first look for a far holder. Not longer: whether a
+holder is far is a round trip, known as soon as libtorrent has connected to it, and a far
+region's TCP is slow from its first second (at 3 s, far nodes were a third done before
+UDP's first datagram). A near holder is found near at once and costs nothing more."""
+
+HOLDER_WAIT: Final = 0.25
+"""Seconds before looking again when libtorrent has no holder connected yet (the fetch's
+first second): not a failed try, so no backoff. Also the first wait when every holder
+is near, doubling from there to :data:`PROBE_BACKOFF_CAP` (a far holder may connect
+later: far nodes meet their own region's peers first)."""
+
+WORTH_SECONDS: Final = 5.0
+"""Try UDP only while TCP would take at least this long for what is missing: a fast
+fleet finishes first, and never sends a UDP datagram."""
+
+SESSION_BYTES: Final = 16 << 20
+"""Least bytes asked of a session."""
+
+SESSION_SECONDS: Final = 8.0
+"""A session asks for this many seconds of UDP's last rate (if more than
+:data:`SESSION_BYTES`), then the next one asks again from what is missing by then."""
+
+MAX_SESSION_BYTES: Final = 1 << 30
+
+PROBE_SECONDS: Final = 2.0
+"""A session is not judged before this: its handshake takes a few round trips, and its
+rate doubles per report from an eighth of the target (:mod:`swarm.udp.rate`)."""
+
+RATE_WINDOW: Final = 1.5
+"""Seconds over which UDP's and TCP's rates are compared while a session runs."""
+
+UDP_BETTER: Final = 2.0
+"""A UDP session goes on while it delivers at least this multiple of TCP's rate. Not 1:
+a byte over UDP costs both daemons more CPU than one over libtorrent (Python against
+C++), so on a near path where both fill the link TCP keeps it."""
+
+PROBE_BACKOFF: Final = 5.0
+PROBE_BACKOFF_CAP: Final = 60.0
+
+TAIL_SHARE: Final = 0.75
+"""A session with this share of its pieces in is let finish, whatever its rate."""
+
+MAX_LANES: Final = 2
+"""UDP sessions at once, each with another far holder. Not one: far nodes that chose the
+same seeder by chance (three of four, half the time with two seeders) shared its uplink
+while the other idled, and a session that got a third of it lost to TCP and waited 5 s;
+with a session on each, every seeder serves every far node."""
+
+HOLDER_PENALTY: Final = 30.0
+"""Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""
+
+NEAR_RTT: Final = 0.02
+"""A holder whose round trip is below this is near: TCP fills such a path (its rate goes
+as 1/RTT), so UDP would only add CPU. It is not asked again during this fetch; when every
+holder is near, the next look waits longer each time (:meth:`UdpChoice.all_near`). A
+near fleet whose TCP is slow for another reason (CPU) tried UDP again and again before
+this: 5-17% of its bytes, for nothing. The round trip is the kernel's least of
+libtorrent's connection to the holder (:func:`kernel_min_rtts`), else of a few TCP
+handshakes with its UDP control port (:func:`connect_rtt`); a session's own least RTT
+catches a near holder whose path was queueing then."""
+
+
+@dataclass
+class UdpChoice:
+    """When to pull over UDP, from the rates a node measures. Pure: ``now`` is passed in."""
+
+    started_at: float
+    next_try_at: float = 0.0
+    backoff: float = PROBE_BACKOFF
+    udp_rate: float = 0.0
+    """The last session's rate, bytes/s (sizes the next one)."""
+    near_wait: float = HOLDER_WAIT
+
+    def __post_init__(self) -> None:
+        self.next_try_at = self.started_at + START_AFTER
+
+    def session_bytes(self, now: float, tcp_rate: float, missing_bytes: int) -> int:
+        """Bytes to ask of a UDP session now; 0 to wait."""
+        if missing_bytes <= 0 or now < self.next_try_at:
+            return 0
+        if tcp_rate > 0 and missing_bytes / tcp_rate < WORTH_SECONDS:
+            return 0  # TCP finishes soon enough
+        want = max(SESSION_BYTES, int(self.udp_rate * SESSION_SECONDS))
+        return min(missing_bytes, MAX_SESSION_BYTES, want)
+
+    def keep(self, running_for: float, udp_rate: float, tcp_rate: float) -> bool:
+        """Whether a running session goes on (rates over the last :data:`RATE_WINDOW`)."""
+        return running_for < PROBE_SECONDS or udp_rate >= UDP_BETTER * tcp_rate
+
+    def ended(self, now: float, udp_rate: float, paid: bool) -> None:
+        """A session ended: it ran its course at ``udp_rate`` (``paid``: try again at
+        once), or lost to TCP or failed (try again later, less often)."""
+        self.udp_rate = udp_rate
+        if paid:
+            self.next_try_at, self.backoff = now, PROBE_BACKOFF
+            return
+        self.next_try_at = now + self.backoff
+        self.backoff = min(PROBE_BACKOFF_CAP, self.backoff * 2)
+
+    def no_holder(self, now: float) -> None:
+        """No holder connected yet (or none holds a missing piece): look again soon,
+        without counting a try."""
+        self.next_try_at = now + HOLDER_WAIT
+
+    def all_near(self, now: float) -> None:
+        """Every holder is near: look again later, each time twice as late."""
+        self.next_try_at = now + self.near_wait
+        self.near_wait = min(PROBE_BACKOFF_CAP, self.near_wait * 2)
+
+    def failed(self, now: float) -> None:
+        """A session failed on its holder (refused, closed, timed out): that says nothing
+        of UDP against TCP, so another holder may be tried at once (the caller has put
+        this one aside); the backoff and the last rate stand."""
+        self.next_try_at = now
+
+
+@dataclass(frozen=True)
+class Holder:
+    ip: str
+    seed: bool
+    pieces: Sequence[bool]
+
+
+def best_holder(
+    holders: Sequence[Holder],
+    missing: Sequence[int],
+    skip: Callable[[str], bool],
+    tie: Callable[[str], int] = lambda ip: 0,
+) -> Holder | None:
+    """A seed first, else the holder with most of ``missing``; ``skip``: penalized ips;
+    ``tie`` orders equals (a hash with this node's id: far nodes spread over the seeds
+    instead of all pulling from the first)."""
+
+    def useful(h: Holder) -> int:
+        return sum(1 for i in missing if i < len(h.pieces) and h.pieces[i])
+
+    ranked = sorted(
+        (h for h in holders if not skip(h.ip)),
+        key=lambda h: (not h.seed, -useful(h), tie(h.ip), h.ip),
+    )
+    return next((h for h in ranked if h.seed or useful(h)), None)
+
+
+def batch_pieces(
+    missing: Sequence[int],
+    holder: Holder,
+    in_flight: set[int],
+    count: int,
+    order: Callable[[int], int],
+    nearby: frozenset[int] = frozenset(),
+) -> list[int]:
+    """Up to ``count`` of ``missing`` that ``holder`` has, in this node's ``order`` (a
+    piece's rank): first those no near peer holds (``nearby``) and libtorrent is not
+    downloading, then those a near peer holds, then those in flight. Each node of a far
+    region has an order of its own (:func:`piece_order`), so the sessions of two nodes
+    share few pieces: each piece tends to cross the WAN once and the rest travels
+    between them. (Runs down from each node's stripe offset overlapped whenever two
+    offsets were close, and a piece a neighbour brought first came over the LAN before
+    this node's session delivered it: sessions of far nodes delivered nothing new for
+    2 s.) Pieces libtorrent is downloading come last, yet they come: on a long path its
+    request queue holds nearly every missing piece (a deep queue for the
+    bandwidth-delay product), and what arrives second is dropped."""
+    held = [
+        i
+        for i in sorted(missing, key=order)
+        if holder.seed or (i < len(holder.pieces) and holder.pieces[i])
+    ]
+    fresh = [i for i in held if i not in in_flight and i not in nearby]
+    near = [i for i in held if i not in in_flight and i in nearby]
+    busy = [i for i in held if i in in_flight]
+    return (fresh + near + busy)[:count]
+
+
+def piece_order(node_id: str, count: int) -> Callable[[int], int]:
+    """This node's rank of each of ``count`` pieces for UDP sessions: a hash of both, so
+    each node of a region has its own order."""
+    ranks = [
+        int.from_bytes(hashlib.blake2b(f"{node_id} {i}".encode(), digest_size=8).digest())
+        for i in range(count)
+    ]
+    return ranks.__getitem__
+
+
+def held_nearby(holders: Sequence[Holder], near: Callable[[str], bool]) -> frozenset[int]:
+    """Pieces some near holder has."""
+    return frozenset(i for h in holders if near(h.ip) for i, has in enumerate(h.pieces) if has)
+
+
+class RateWindow:
+    """Rates of cumulative byte counters over the last :data:`RATE_WINDOW` seconds."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, tuple[int, ...]]] = deque()
+
+    def add(self, now: float, *counters: int) -> tuple[float, ...] | None:
+        """Record the counters at ``now``; their rates (bytes/s), or None while the
+        window spans under half a second."""
+        self._samples.append((now, counters))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW:
+            self._samples.popleft()
+        then, before = self._samples[0]
+        if now - then < 0.5:
+            return None
+        return tuple((c - b) / (now - then) for b, c in zip(before, counters, strict=True))
