@@ -12,6 +12,7 @@ import struct
 import subprocess
 import time
 from typing import Final
+from urllib.parse import urlsplit
 
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""
@@ -61,6 +62,22 @@ def kernel_min_rtt(ip: str) -> float | None:
     """The kernel's least round trip of this node's TCP connections to ``ip`` (libtorrent's
     peer connection among them), seconds; None if there is none (:func:`kernel_min_rtts`)."""
     return kernel_min_rtts().get(ip)
+
+
+def endpoint_round_trip(url: str | None) -> float | None:
+    """The kernel's least round trip to the host of ``url`` (an S3 endpoint this node has
+    connections to: the catalog's and manifest's GETs leave one open), in seconds; None
+    if there is no such connection (S3 refused, never asked) or no ``url``."""
+    host = urlsplit(url).hostname if url else None
+    if not host:
+        return None
+    try:
+        ips = {_address(f"{info[4][0]}:0") for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None
+    rtts = kernel_min_rtts()
+    found = [rtts[ip] for ip in ips if ip in rtts]
+    return min(found) if found else None
 
 
 def handshake_rtt(sock: socket.socket) -> float | None:

@@ -25,11 +25,13 @@ import libtorrent as lt
 
 from swarm.agent.origin import InFlight
 from swarm.agent.registry import Artifact
-from swarm.agent.rtt import connect_rtt, kernel_min_rtts
+from swarm.agent.rtt import connect_rtt, endpoint_round_trip, kernel_min_rtts
 from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
     MAX_LANES,
     NEAR_RTT,
+    START_AFTER,
+    START_AFTER_S3_NEAR,
     TAIL_SHARE,
     Holder,
     RateWindow,
@@ -107,6 +109,12 @@ class _Penalties:
         self.until[ip] = time.monotonic() + seconds
 
 
+def _endpoint(artifact: Artifact) -> str | None:
+    """The S3 endpoint of the artifact's client (botocore's), if any."""
+    meta = getattr(artifact.client, "meta", None)
+    return getattr(meta, "endpoint_url", None)
+
+
 def auto_udp(
     session: TorrentSession,
     artifact: Artifact,
@@ -123,7 +131,13 @@ def auto_udp(
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
-        choice = UdpChoice(time.monotonic())
+        s3_rtt = endpoint_round_trip(_endpoint(artifact))
+        s3_near = s3_rtt is not None and s3_rtt < NEAR_RTT
+        if s3_rtt is not None and s3_near:
+            log.info("udp: S3 is near (%.1f ms): TCP first", s3_rtt * 1e3)
+        choice = UdpChoice(
+            time.monotonic(), start_after=START_AFTER_S3_NEAR if s3_near else START_AFTER
+        )
         order = piece_order(node_id, manifest.layout.count)
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
@@ -199,10 +213,16 @@ def auto_udp(
                 continue
             # The kernel's round trip of libtorrent's connection (read afresh: a near
             # peer first timed behind a full queue looks far until the queue drains once),
-            # else (no TCP connection) a few connects to the UDP control port, once.
+            # else (no TCP connection) a few connects to the UDP control port, once; not
+            # with S3 near, where connects behind this node's full queues measured LAN
+            # peers at 70 ms (the kernel's least of a connection is the better witness).
             kernel = rtts.get(holder.ip)
             how = "kernel's least" if kernel is not None else "connect"
             rtt = kernel if kernel is not None else far.get(holder.ip)
+            if rtt is None and s3_near:
+                penalties.add(holder.ip)  # unknown: looked at again once connected
+                choice.no_holder(now)
+                continue
             if rtt is None:
                 rtt = connect_rtt(holder.ip, port)
             if rtt is None:

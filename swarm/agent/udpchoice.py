@@ -34,6 +34,13 @@ holder is far is a round trip, known as soon as libtorrent has connected to it, 
 region's TCP is slow from its first second (at 3 s, far nodes were a third done before
 UDP's first datagram). A near holder is found near at once and costs nothing more."""
 
+START_AFTER_S3_NEAR: Final = 3.0
+"""Seconds into a fetch before the first look when S3 is near (:func:`.rtt.
+endpoint_round_trip`): then TCP (S3 and the fleet's peers) comes first, and UDP only if
+TCP's rate, known by then, leaves the fetch slow (:data:`WORTH_SECONDS`). A peer's round
+trip is no proof of distance while this node's own queues fill: near peers in the
+s3-fast fleet measured 22-38 ms half a second in, and took UDP sessions on their LAN."""
+
 HOLDER_WAIT: Final = 0.25
 """Seconds before looking again when libtorrent has no holder connected yet (the fetch's
 first second): not a failed try, so no backoff. Also the first wait when every holder
@@ -101,9 +108,11 @@ class UdpChoice:
     udp_rate: float = 0.0
     """The last session's rate, bytes/s (sizes the next one)."""
     near_wait: float = HOLDER_WAIT
+    start_after: float = START_AFTER
+    """:data:`START_AFTER`, or :data:`START_AFTER_S3_NEAR` when S3 is near."""
 
     def __post_init__(self) -> None:
-        self.next_try_at = self.started_at + START_AFTER
+        self.next_try_at = self.started_at + self.start_after
 
     def session_bytes(self, now: float, tcp_rate: float, missing_bytes: int) -> int:
         """Bytes to ask of a UDP session now; 0 to wait."""

@@ -11,7 +11,7 @@ import pytest
 
 from swarm.agent import rtt as rtt_module
 from swarm.agent import udpauto
-from swarm.agent.rtt import connect_rtt, handshake_rtt, kernel_min_rtt
+from swarm.agent.rtt import connect_rtt, endpoint_round_trip, handshake_rtt, kernel_min_rtt
 from swarm.agent.udpauto import FarTcp
 from swarm.agent.udpchoice import (
     HOLDER_WAIT,
@@ -22,6 +22,7 @@ from swarm.agent.udpchoice import (
     SESSION_BYTES,
     SESSION_SECONDS,
     START_AFTER,
+    START_AFTER_S3_NEAR,
     Holder,
     UdpChoice,
     batch_pieces,
@@ -233,3 +234,29 @@ def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection(
                 rtt = kernel_min_rtt("127.0.0.1")
     assert rtt is not None and 0 < rtt < NEAR_RTT
     assert kernel_min_rtt("192.0.2.1") is None  # TEST-NET-1: nothing connects there
+
+
+def test_with_s3_near_udp_waits_until_tcps_rate_is_known() -> None:
+    choice = UdpChoice(started_at=0.0, start_after=START_AFTER_S3_NEAR)
+    assert choice.session_bytes(START_AFTER, 0.0, 100 * MiB) == 0
+    assert choice.session_bytes(START_AFTER_S3_NEAR, 0.5e6, 100 * MiB) > 0
+
+
+def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
+    """S3's distance: the kernel's least round trip of this node's connections to the
+    endpoint's host (a loopback connection: near); none open, or no endpoint: None."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            peer, _ = listener.accept()
+            with peer:
+                sock.sendall(b"x" * 4096)
+                assert peer.recv(4096)
+                peer.sendall(b"y")
+                assert sock.recv(1) == b"y"
+                rtt = endpoint_round_trip(f"http://127.0.0.1:{port}/bucket")
+    assert rtt is not None and rtt < NEAR_RTT
+    assert endpoint_round_trip("http://192.0.2.1:9000") is None  # nothing connects there
+    assert endpoint_round_trip(None) is None
