@@ -30,8 +30,6 @@ from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
     MAX_LANES,
     NEAR_RTT,
-    START_AFTER,
-    START_AFTER_S3_NEAR,
     TAIL_SHARE,
     Holder,
     RateWindow,
@@ -40,6 +38,7 @@ from swarm.agent.udpchoice import (
     best_holder,
     held_nearby,
     piece_order,
+    udp_wanted,
 )
 from swarm.agent.udpsource import SOURCE, pull_pieces
 from swarm.sources.peers import TorrentSession
@@ -127,17 +126,15 @@ def auto_udp(
     :data:`MAX_LANES` far holders at once. Returns when the artifact is complete or
     cancelled."""
     manifest, sink = artifact.manifest, artifact.sink
-    lanes: dict[str, _Lane] = {}
+    lanes: list[_Lane] = []
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
         s3_rtt = endpoint_round_trip(_endpoint(artifact))
-        s3_near = s3_rtt is not None and s3_rtt < NEAR_RTT
-        if s3_rtt is not None and s3_near:
-            log.info("udp: S3 is near (%.1f ms): TCP first", s3_rtt * 1e3)
-        choice = UdpChoice(
-            time.monotonic(), start_after=START_AFTER_S3_NEAR if s3_near else START_AFTER
-        )
+        if s3_rtt is not None and not udp_wanted(s3_rtt):
+            log.info("udp: S3 is near (%.1f ms): TCP's, no UDP for this fetch", s3_rtt * 1e3)
+            return
+        choice = UdpChoice(time.monotonic())
         order = piece_order(node_id, manifest.layout.count)
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
@@ -170,19 +167,23 @@ def auto_udp(
             return by.get("peers", 0) + by.get("s3", 0)
 
         while not artifact.complete_on_disk() and not artifact.cancel.is_set():
-            for ip in [ip for ip, lane in lanes.items() if not lane.running]:
-                reap(lanes.pop(ip))
+            for lane in [lane for lane in lanes if not lane.running]:
+                lanes.remove(lane)
+                reap(lane)
+            # a lane in its tail makes room: the next session's handshake and ramp (a
+            # second or so on a 100 ms path) overlap the tail instead of following it
+            busy = {lane.ip for lane in lanes if not lane.in_tail()}
             now = time.monotonic()
             rates = window.add(now, tcp_bytes())
             tcp_rate = rates[0] if rates else 0.0
             missing = sink.missing()
             want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
-            if not want or len(lanes) >= MAX_LANES:
+            if not want or len(busy) >= MAX_LANES:
                 wait = choice.next_try_at - now if not lanes else 0.25
                 artifact.cancel.wait(min(0.5, max(0.05, wait)))
                 continue
             everyone = holders_of(handle, own_ip)
-            holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in lanes]
+            holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in busy]
             rtts = kernel_min_rtts() if holders else {}
             for h in holders:  # near holders are TCP's, whichever is best
                 if rtts.get(h.ip, math.inf) < NEAR_RTT:
@@ -190,7 +191,7 @@ def auto_udp(
             holder = best_holder(
                 holders, missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
             )
-            claimed = {i for lane in lanes.values() for i in lane.pieces}
+            claimed = {i for lane in lanes for i in lane.pieces}
             pieces = (
                 batch_pieces(
                     [i for i in missing if i not in claimed],
@@ -213,16 +214,10 @@ def auto_udp(
                 continue
             # The kernel's round trip of libtorrent's connection (read afresh: a near
             # peer first timed behind a full queue looks far until the queue drains once),
-            # else (no TCP connection) a few connects to the UDP control port, once; not
-            # with S3 near, where connects behind this node's full queues measured LAN
-            # peers at 70 ms (the kernel's least of a connection is the better witness).
+            # else (no TCP connection) a few connects to the UDP control port, once.
             kernel = rtts.get(holder.ip)
             how = "kernel's least" if kernel is not None else "connect"
             rtt = kernel if kernel is not None else far.get(holder.ip)
-            if rtt is None and s3_near:
-                penalties.add(holder.ip)  # unknown: looked at again once connected
-                choice.no_holder(now)
-                continue
             if rtt is None:
                 rtt = connect_rtt(holder.ip, port)
             if rtt is None:
@@ -237,16 +232,16 @@ def auto_udp(
             if holder.ip not in far:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
             far[holder.ip] = rtt
-            lanes[holder.ip] = _Lane(artifact, holder.ip, port, secret, pieces, handle, choice)
+            lanes.append(_Lane(artifact, holder.ip, port, secret, pieces, handle, choice, rtt))
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a
         # stale handle): expected as a directly-read file is handed over on completion
         if not (artifact.complete_on_disk() or artifact.cancel.is_set()):
             raise
     finally:
-        for lane in lanes.values():
+        for lane in lanes:
             lane.stop.set()
-        for lane in lanes.values():
+        for lane in lanes:
             lane.join()
 
 
@@ -266,9 +261,10 @@ class _Lane:
         pieces: list[int],
         handle: Any,
         choice: UdpChoice,
+        rtt: float,
     ) -> None:
         self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
-        self.pieces = pieces
+        self.pieces, self.rtt = pieces, rtt
         self.far_tcp = FarTcp(handle, lambda: artifact.sink.bytes_by_source.get("s3", 0))
         self.choice = choice
         self.stop = threading.Event()
@@ -321,15 +317,15 @@ class _Lane:
             now = time.monotonic()
             rates = window.add(now, sink.bytes_by_source.get(SOURCE, 0))
             self.tcp_rate = self.far_tcp.rate(now)
-            if rates is None or self.stop.is_set() or self._in_tail():
+            if rates is None or self.stop.is_set() or self.in_tail():
                 continue
-            if not self.choice.keep(now - self._started, rates[0], self.tcp_rate):
+            if not self.choice.keep(now - self._started, rates[0], self.tcp_rate, self.rtt):
                 lost = True
                 self.stop.set()
         self.rate = self.new_bytes / max(time.monotonic() - self._started, 1e-3)
         self.paid = not lost and self.error is None
 
-    def _in_tail(self) -> bool:
+    def in_tail(self) -> bool:
         """Whether most of this lane's pieces are in: the rest are NAKed blocks coming a
         round trip at a time, a rate that says nothing of the path (sessions judged then
         were stopped as losing, and their holder waited out a backoff)."""

@@ -17,7 +17,8 @@ choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
   downloading, so the nodes of one region pull different pieces and each tends to
   cross the WAN once.
 - A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's
-  (:mod:`.rtt` measures).
+  (:mod:`.rtt` measures). So is S3: with S3 near, UDP stays off for the fetch
+  (:func:`udp_wanted`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,6 @@ START_AFTER: Final = 0.5
 holder is far is a round trip, known as soon as libtorrent has connected to it, and a far
 region's TCP is slow from its first second (at 3 s, far nodes were a third done before
 UDP's first datagram). A near holder is found near at once and costs nothing more."""
-
-START_AFTER_S3_NEAR: Final = 3.0
-"""Seconds into a fetch before the first look when S3 is near (:func:`.rtt.
-endpoint_round_trip`): then TCP (S3 and the fleet's peers) comes first, and UDP only if
-TCP's rate, known by then, leaves the fetch slow (:data:`WORTH_SECONDS`). A peer's round
-trip is no proof of distance while this node's own queues fill: near peers in the
-s3-fast fleet measured 22-38 ms half a second in, and took UDP sessions on their LAN."""
 
 HOLDER_WAIT: Final = 0.25
 """Seconds before looking again when libtorrent has no holder connected yet (the fetch's
@@ -61,8 +55,15 @@ SESSION_SECONDS: Final = 8.0
 MAX_SESSION_BYTES: Final = 1 << 30
 
 PROBE_SECONDS: Final = 2.0
-"""A session is not judged before this: its handshake takes a few round trips, and its
-rate doubles per report from an eighth of the target (:mod:`swarm.udp.rate`)."""
+"""A session is not judged before this plus :data:`PROBE_RTTS` round trips: its handshake
+takes a few round trips, and its rate doubles per round trip from an eighth of the
+target (:mod:`swarm.udp.rate`)."""
+
+PROBE_RTTS: Final = 10
+"""Round trips of the holder's path added to :data:`PROBE_SECONDS` (3 s at 100 ms). At
+2 s flat, the far fleet's first sessions (eight starting at once on two seeders) had
+brought 0-2 MB/s while TCP from afar, still in its slow start before the first loss,
+showed 3-4 MB/s: they stopped, and their holders waited 5 s while that TCP collapsed."""
 
 RATE_WINDOW: Final = 1.5
 """Seconds over which UDP's and TCP's rates are compared while a session runs."""
@@ -76,7 +77,9 @@ PROBE_BACKOFF: Final = 5.0
 PROBE_BACKOFF_CAP: Final = 60.0
 
 TAIL_SHARE: Final = 0.75
-"""A session with this share of its pieces in is let finish, whatever its rate."""
+"""A session with this share of its pieces in is in its tail: let finish whatever its
+rate, and no longer counted against :data:`MAX_LANES`, so the next session (with the
+same holder, maybe) starts while it ends."""
 
 MAX_LANES: Final = 2
 """UDP sessions at once, each with another far holder. Not one: far nodes that chose the
@@ -108,11 +111,9 @@ class UdpChoice:
     udp_rate: float = 0.0
     """The last session's rate, bytes/s (sizes the next one)."""
     near_wait: float = HOLDER_WAIT
-    start_after: float = START_AFTER
-    """:data:`START_AFTER`, or :data:`START_AFTER_S3_NEAR` when S3 is near."""
 
     def __post_init__(self) -> None:
-        self.next_try_at = self.started_at + self.start_after
+        self.next_try_at = self.started_at + START_AFTER
 
     def session_bytes(self, now: float, tcp_rate: float, missing_bytes: int) -> int:
         """Bytes to ask of a UDP session now; 0 to wait."""
@@ -123,9 +124,11 @@ class UdpChoice:
         want = max(SESSION_BYTES, int(self.udp_rate * SESSION_SECONDS))
         return min(missing_bytes, MAX_SESSION_BYTES, want)
 
-    def keep(self, running_for: float, udp_rate: float, tcp_rate: float) -> bool:
-        """Whether a running session goes on (rates over the last :data:`RATE_WINDOW`)."""
-        return running_for < PROBE_SECONDS or udp_rate >= UDP_BETTER * tcp_rate
+    def keep(self, running_for: float, udp_rate: float, tcp_rate: float, rtt: float = 0.0) -> bool:
+        """Whether a running session goes on (rates over the last :data:`RATE_WINDOW`;
+        ``rtt``: the holder's round trip, s)."""
+        probing = running_for < PROBE_SECONDS + PROBE_RTTS * rtt
+        return probing or udp_rate >= UDP_BETTER * tcp_rate
 
     def ended(self, now: float, udp_rate: float, paid: bool) -> None:
         """A session ended: it ran its course at ``udp_rate`` (``paid``: try again at
@@ -209,6 +212,15 @@ def batch_pieces(
     near = [i for i in held if i not in in_flight and i in nearby]
     busy = [i for i in held if i in in_flight]
     return (fresh + near + busy)[:count]
+
+
+def udp_wanted(s3_rtt: float | None) -> bool:
+    """Whether a fetch may use UDP at all, from S3's round trip (None: no connection to S3,
+    refused or never asked). With S3 near, TCP from S3 fills the link in the same region,
+    and a peer's round trip is no proof of distance while this node's own queues fill:
+    behind a full 100 ms queue, LAN peers in the s3-fast fleet measured 22-71 ms, took
+    UDP sessions, and UDP carried 12-13% of that fleet's bytes for nothing."""
+    return s3_rtt is None or s3_rtt >= NEAR_RTT
 
 
 def piece_order(node_id: str, count: int) -> Callable[[int], int]:

@@ -22,12 +22,12 @@ from swarm.agent.udpchoice import (
     SESSION_BYTES,
     SESSION_SECONDS,
     START_AFTER,
-    START_AFTER_S3_NEAR,
     Holder,
     UdpChoice,
     batch_pieces,
     best_holder,
     piece_order,
+    udp_wanted,
 )
 
 MiB = 1 << 20
@@ -236,10 +236,12 @@ def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection(
     assert kernel_min_rtt("192.0.2.1") is None  # TEST-NET-1: nothing connects there
 
 
-def test_with_s3_near_udp_waits_until_tcps_rate_is_known() -> None:
-    choice = UdpChoice(started_at=0.0, start_after=START_AFTER_S3_NEAR)
-    assert choice.session_bytes(START_AFTER, 0.0, 100 * MiB) == 0
-    assert choice.session_bytes(START_AFTER_S3_NEAR, 0.5e6, 100 * MiB) > 0
+def test_with_s3_near_a_fetch_uses_no_udp() -> None:
+    """S3 near (its round trip under NEAR_RTT): TCP's; far, or no connection to it (S3
+    refused): UDP may be tried."""
+    assert not udp_wanted(0.0005)
+    assert udp_wanted(0.1)
+    assert udp_wanted(None)
 
 
 def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
