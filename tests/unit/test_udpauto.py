@@ -4,8 +4,10 @@ probe, when to stay, what to pull; the rate it competes with; and the round-trip
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -216,10 +218,10 @@ def test_connect_rtt_leaves_out_a_late_wake_up(monkeypatch: pytest.MonkeyPatch) 
     assert rtt is not None and rtt < NEAR_RTT
 
 
-def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection() -> None:
-    """The least round trip of this node's TCP connections to an address, as the kernel
-    measured it (``ss``): a loopback connection that carried data is near; an address
-    with no connection gives None (the connects decide then)."""
+@contextlib.contextmanager
+def live_loopback_connection() -> Iterator[int]:
+    """A TCP connection on loopback that has carried data both ways (so the kernel has
+    timed round trips on it), open for the block; yields the listener's port."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
@@ -231,7 +233,15 @@ def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection(
                 assert peer.recv(4096)
                 peer.sendall(b"y")
                 assert sock.recv(1) == b"y"
-                rtt = kernel_min_rtt("127.0.0.1")
+                yield port
+
+
+def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection() -> None:
+    """The least round trip of this node's TCP connections to an address, as the kernel
+    measured it (``ss``): a loopback connection that carried data is near; an address
+    with no connection gives None (the connects decide then)."""
+    with live_loopback_connection():
+        rtt = kernel_min_rtt("127.0.0.1")
     assert rtt is not None and 0 < rtt < NEAR_RTT
     assert kernel_min_rtt("192.0.2.1") is None  # TEST-NET-1: nothing connects there
 
@@ -247,18 +257,8 @@ def test_with_s3_near_a_fetch_uses_no_udp() -> None:
 def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
     """S3's distance: the kernel's least round trip of this node's connections to the
     endpoint's host (a loopback connection: near); none open, or no endpoint: None."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        port = listener.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            peer, _ = listener.accept()
-            with peer:
-                sock.sendall(b"x" * 4096)
-                assert peer.recv(4096)
-                peer.sendall(b"y")
-                assert sock.recv(1) == b"y"
-                rtt = endpoint_round_trip(f"http://127.0.0.1:{port}/bucket")
+    with live_loopback_connection() as port:
+        rtt = endpoint_round_trip(f"http://127.0.0.1:{port}/bucket")
     assert rtt is not None and rtt < NEAR_RTT
     assert endpoint_round_trip("http://192.0.2.1:9000") is None  # nothing connects there
     assert endpoint_round_trip(None) is None
