@@ -81,7 +81,7 @@ class FarTcp:
 
     def rate(self, now: float) -> float:
         """Bytes/s from far peers and S3 now (a peer the kernel has no round trip for,
-        uTP or just gone, counts as far: when in doubt UDP has to win by more)."""
+        just gone, counts as far: when in doubt UDP has to win by more)."""
         if now - self._rtts_at >= RTT_REFRESH:
             self._rtts, self._rtts_at = kernel_min_rtts(), now
         peers = sum(
@@ -122,9 +122,9 @@ def auto_udp(
     port: int,
     secret: bytes,
 ) -> None:
-    """Pull pieces over UDP while it beats TCP (see the module docstring), from up to
+    """Pull pieces over UDP while it beats TCP (see :mod:`.udpchoice`), from up to
     :data:`MAX_LANES` far holders at once. Returns when the artifact is complete or
-    cancelled."""
+    cancelled, or at once when S3 is near (:func:`.udpchoice.udp_wanted`)."""
     manifest, sink = artifact.manifest, artifact.sink
     lanes: list[_Lane] = []
     try:
