@@ -58,26 +58,23 @@ def _address(endpoint: str) -> str:
     return ip.removeprefix("::ffff:") if "." in ip else ip
 
 
-def kernel_min_rtt(ip: str) -> float | None:
-    """The kernel's least round trip of this node's TCP connections to ``ip`` (libtorrent's
-    peer connection among them), seconds; None if there is none (:func:`kernel_min_rtts`)."""
-    return kernel_min_rtts().get(ip)
-
-
 def endpoint_round_trip(url: str | None) -> float | None:
-    """The kernel's least round trip to the host of ``url`` (an S3 endpoint this node has
-    connections to: the catalog's and manifest's GETs leave one open), in seconds; None
-    if there is no such connection (S3 refused, never asked) or no ``url``."""
-    host = urlsplit(url).hostname if url else None
-    if not host:
+    """The round trip to the host of ``url`` (an S3 endpoint), in seconds: the kernel's
+    least over this node's connections to it (the catalog's and manifest's GETs leave
+    one open, made before any load), else a few timed connects (a name that resolves to
+    other addresses now, as S3's do); None if nothing answers (S3 refused) or no
+    ``url``."""
+    parts = urlsplit(url) if url else None
+    if parts is None or not parts.hostname:
         return None
     try:
-        ips = {_address(f"{info[4][0]}:0") for info in socket.getaddrinfo(host, None)}
-    except OSError:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError):
         return None
     rtts = kernel_min_rtts()
-    found = [rtts[ip] for ip in ips if ip in rtts]
-    return min(found) if found else None
+    found = [rtts[ip] for ip in {_address(f"{info[4][0]}:0") for info in infos} if ip in rtts]
+    return min(found) if found else connect_rtt(parts.hostname, port)
 
 
 def handshake_rtt(sock: socket.socket) -> float | None:

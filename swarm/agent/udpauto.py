@@ -71,25 +71,29 @@ class FarTcp:
     kernel round trip is :data:`NEAR_RTT` or more (libtorrent's rate of each), plus S3.
     Not what near peers bring: in a far region those are the other far nodes, passing
     on what crossed the WAN (UDP's pieces among it); counting them, a session delivering
-    far more than the holders' TCP lost to the region's own exchange and stopped."""
+    far more than the holders' TCP lost to the region's own exchange and stopped.
+    One per fetch, shared by its sessions' watchers (threads): one ``ss`` a second."""
 
     def __init__(self, handle: Any, s3_bytes: Callable[[], int]) -> None:
         self.handle, self.s3_bytes = handle, s3_bytes
         self._s3 = RateWindow()
         self._rtts: dict[str, float] = {}
         self._rtts_at = -math.inf
+        self._lock = threading.Lock()
 
     def rate(self, now: float) -> float:
         """Bytes/s from far peers and S3 now (a peer the kernel has no round trip for,
         just gone, counts as far: when in doubt UDP has to win by more)."""
-        if now - self._rtts_at >= RTT_REFRESH:
-            self._rtts, self._rtts_at = kernel_min_rtts(), now
+        with self._lock:
+            if now - self._rtts_at >= RTT_REFRESH:
+                self._rtts, self._rtts_at = kernel_min_rtts(), now
+            rtts = self._rtts
+            s3 = self._s3.add(now, self.s3_bytes())
         peers = sum(
             p.payload_down_speed
             for p in self.handle.get_peer_info()
-            if self._rtts.get(p.ip[0], math.inf) >= NEAR_RTT
+            if rtts.get(p.ip[0], math.inf) >= NEAR_RTT
         )
-        s3 = self._s3.add(now, self.s3_bytes())
         return peers + (s3[0] if s3 else 0.0)
 
 
@@ -136,6 +140,7 @@ def auto_udp(
             return
         choice = UdpChoice(time.monotonic())
         order = piece_order(node_id, manifest.layout.count)
+        far_tcp = FarTcp(handle, lambda: sink.bytes_by_source.get("s3", 0))
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
         near_ips: set[str] = set()
@@ -232,7 +237,7 @@ def auto_udp(
             if holder.ip not in far:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
             far[holder.ip] = rtt
-            lanes.append(_Lane(artifact, holder.ip, port, secret, pieces, handle, choice, rtt))
+            lanes.append(_Lane(artifact, holder.ip, port, secret, pieces, far_tcp, choice, rtt))
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a
         # stale handle): expected as a directly-read file is handed over on completion
@@ -259,13 +264,13 @@ class _Lane:
         port: int,
         secret: bytes,
         pieces: list[int],
-        handle: Any,
+        far_tcp: FarTcp,
         choice: UdpChoice,
         rtt: float,
     ) -> None:
         self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
         self.pieces, self.rtt = pieces, rtt
-        self.far_tcp = FarTcp(handle, lambda: artifact.sink.bytes_by_source.get("s3", 0))
+        self.far_tcp = far_tcp
         self.choice = choice
         self.stop = threading.Event()
         self.error: Exception | None = None

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
+from swarm.coordinator.planstate import drop_artifacts
 
 SNAPSHOT_PERIOD: Final = 1.0
 """Seconds an artifact's allocation is reused before it is recomputed from the book."""
@@ -326,20 +327,12 @@ class CapacityBook:
 
     def forget(self, nodes: Iterable[str]) -> None:
         for node in nodes:
-            for info_hash in self._by_node.pop(node, ()):
-                self._forget_artifact(node, info_hash)
+            drop_artifacts(self._by_node, node, (), self._forget_artifact)
 
     def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
         """Drop ``node``'s links for the artifacts it no longer lists, as :meth:`forget`
         does for a departed node: a seeder whose data went away uploads none of it."""
-        mine = self._by_node.get(node)
-        if not mine:
-            return
-        for info_hash in mine.difference(listed):
-            mine.discard(info_hash)
-            self._forget_artifact(node, info_hash)
-        if not mine:
-            del self._by_node[node]
+        drop_artifacts(self._by_node, node, listed, self._forget_artifact)
 
     def _forget_artifact(self, node: str, info_hash: str) -> None:
         art = self._artifacts.get(info_hash)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -43,6 +43,25 @@ ESTIMATE_SAMPLE: Final = 64
 
 _COUNT_BYTES: Final = 4
 """Bytes per piece of an artifact's availability counts (``array('I')``)."""
+
+
+def drop_artifacts(
+    by_node: dict[str, set[str]],
+    node: str,
+    keep: Iterable[str],
+    drop: Callable[[str, str], None],
+) -> None:
+    """Drop ``node``'s artifacts but those in ``keep`` (all of them for a node that left)
+    through ``drop(node, info_hash)``; the node leaves ``by_node`` once it has none. The
+    in-memory stores' one way to forget (this plan state, the capacity book)."""
+    mine = by_node.get(node)
+    if mine is None:
+        return
+    for info_hash in mine.difference(keep):
+        mine.discard(info_hash)
+        drop(node, info_hash)
+    if not mine:
+        del by_node[node]
 
 
 def bits(blob: bytes, count: int) -> int:
@@ -315,18 +334,10 @@ class MemoryPlanState(PlanState):
 
     def forget(self, nodes: Iterable[str]) -> None:
         for node in nodes:
-            for info_hash in self._by_node.pop(node, ()):
-                self._forget_artifact(node, info_hash)
+            drop_artifacts(self._by_node, node, (), self._forget_artifact)
 
     def forget_unlisted(self, node: str, listed: Iterable[str]) -> None:
-        mine = self._by_node.get(node)
-        if not mine:
-            return
-        for info_hash in mine.difference(listed):
-            mine.discard(info_hash)
-            self._forget_artifact(node, info_hash)
-        if not mine:
-            del self._by_node[node]
+        drop_artifacts(self._by_node, node, listed, self._forget_artifact)
 
     def known_nodes(self) -> set[str]:
         return set(self._by_node)

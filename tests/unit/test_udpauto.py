@@ -13,7 +13,7 @@ import pytest
 
 from swarm.agent import rtt as rtt_module
 from swarm.agent import udpauto
-from swarm.agent.rtt import connect_rtt, endpoint_round_trip, handshake_rtt, kernel_min_rtt
+from swarm.agent.rtt import connect_rtt, endpoint_round_trip, handshake_rtt, kernel_min_rtts
 from swarm.agent.udpauto import FarTcp
 from swarm.agent.udpchoice import (
     HOLDER_WAIT,
@@ -241,9 +241,9 @@ def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection(
     measured it (``ss``): a loopback connection that carried data is near; an address
     with no connection gives None (the connects decide then)."""
     with live_loopback_connection():
-        rtt = kernel_min_rtt("127.0.0.1")
+        rtt = kernel_min_rtts().get("127.0.0.1")
     assert rtt is not None and 0 < rtt < NEAR_RTT
-    assert kernel_min_rtt("192.0.2.1") is None  # TEST-NET-1: nothing connects there
+    assert "192.0.2.1" not in kernel_min_rtts()  # TEST-NET-1: nothing connects there
 
 
 def test_with_s3_near_a_fetch_uses_no_udp() -> None:
@@ -256,9 +256,18 @@ def test_with_s3_near_a_fetch_uses_no_udp() -> None:
 
 def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
     """S3's distance: the kernel's least round trip of this node's connections to the
-    endpoint's host (a loopback connection: near); none open, or no endpoint: None."""
+    endpoint's host (a loopback connection: near), else timed connects (a listener, no
+    connection yet: near too); nothing answering, or no endpoint: None."""
     with live_loopback_connection() as port:
         rtt = endpoint_round_trip(f"http://127.0.0.1:{port}/bucket")
     assert rtt is not None and rtt < NEAR_RTT
-    assert endpoint_round_trip("http://192.0.2.1:9000") is None  # nothing connects there
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        by_connects = endpoint_round_trip(f"http://127.0.0.1:{port}")
+    assert by_connects is not None and by_connects < NEAR_RTT
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connects are refused
+        assert endpoint_round_trip(f"http://127.0.0.1:{closed.getsockname()[1]}") is None
     assert endpoint_round_trip(None) is None
