@@ -574,8 +574,9 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
     planner, membership, reply encoding; no HTTP), after N nodes joined: flat in N means
     O(1) per request. ``process_time``, so other processes on the machine matter less."""
     sys.path.insert(0, str(ROOT))
-    from swarm.coordinator.app import _plan_origin, report_interval
+    from swarm.coordinator.app import _plan_origin
     from swarm.coordinator.fleet import parse_epoch
+    from swarm.coordinator.load import report_interval
     from swarm.coordinator.memorystore import MemoryPeerStore
     from swarm.coordinator.origin import StripePlanner
     from swarm.coordinator.reports import parse_report

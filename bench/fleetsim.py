@@ -16,7 +16,7 @@ The model, per time step ``--dt`` (seconds):
   any missing piece; peer bytes fill pieces others hold that it lacks (a random one of
   them: rarest-first without its bookkeeping);
 - every node reports at the interval the coordinator would ask for
-  (:func:`swarm.coordinator.app.report_interval`, staggered), and the planner
+  (:func:`swarm.coordinator.load.report_interval`, staggered), and the planner
   (:class:`swarm.coordinator.origin.StripePlanner`, the coordinator's own code) returns
   its stripe, mode and fill flag from its bitfield and byte counters, as in production;
 - a node starts ``--startup`` seconds late (its daemon's imports; bench/fleet.py's runs
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarm.coordinator.app import report_interval  # noqa: E402
+from swarm.coordinator.load import report_interval  # noqa: E402
 from swarm.coordinator.origin import StripePlanner  # noqa: E402
 from swarm.coordinator.planstate import set_bits  # noqa: E402
 from swarm.pieces import default_piece_size, parse_size  # noqa: E402

@@ -45,7 +45,8 @@ and the planner keep indexes updated per request, stale state is swept on a time
 a reply holds one plan per reported artifact (at most ``MAX_PLANS``) and stripes of at
 most ``MAX_STRIPE_PIECES`` pieces; only membership changes are sent with it.
 
-All the logic is in ``tracker`` (codec), ``fleet`` (state), ``origin`` (plans) and
+All the logic is in ``tracker`` (codec), ``fleet`` (state), ``origin`` (plans), ``load``
+(the report interval), ``metrics`` (Prometheus) and
 ``history`` (SQLite); this module only moves bytes, reads the clock and counts.
 """
 
@@ -58,7 +59,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -66,9 +67,7 @@ from typing import Final, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from swarm.coordinator import page
 from swarm.coordinator.fleet import (
@@ -83,7 +82,16 @@ from swarm.coordinator.fleet import (
     parse_epoch,
 )
 from swarm.coordinator.history import History
+from swarm.coordinator.load import (
+    REDIS_REPORT_BUDGET,
+    REPORT_BUDGET,
+    Load,
+    report_interval,
+    stretched_interval,
+    watch_lag,
+)
 from swarm.coordinator.memorystore import MemoryPeerStore
+from swarm.coordinator.metrics import Clock, Metrics
 from swarm.coordinator.origin import StripePlanner
 from swarm.coordinator.planstate import GeometryError, bits
 from swarm.coordinator.rates import NodeRates, spare_upload
@@ -108,160 +116,19 @@ EXPIRY_PERIOD: Final = 1.0
 so the sweep reclaims memory, hands departed nodes' stripes back and updates the
 membership; it pops only what expired, so it costs nothing in a quiet fleet."""
 
-REPORT_BUDGET: Final = 2000.0
-"""Reports per second one coordinator is asked to take (:func:`report_interval`). At
-this rate one process used about 0.6 core on the 2-core benchmark machine
-(bench/coordinator.py), leaving room for announces, the fleet view and bursts."""
-
-REDIS_REPORT_BUDGET: Final = 1000.0
-"""Reports per second per coordinator with a Redis store: each report then also costs a
-few Redis round trips. Coordinators sharing a store share the fleet's reports: the
-interval is ``nodes / (budget x coordinators alive)``."""
-
-MAX_REPORT_INTERVAL: Final = 15.0
-"""Longest interval a reply asks for: past ``MAX_REPORT_INTERVAL x budget`` nodes
-(30,000 at the default budget) the load exceeds the budget instead of the plans going
-stale; more coordinators (``--store redis://``) share such a fleet."""
-
-INTERVAL_STEP: Final = 0.5
-"""Intervals are rounded up to this step, so that the value nodes are told changes
-only when the fleet's size has really changed."""
-
 MAX_PLANS: Final = 64
 """Plans in one reply (one per reported artifact with a bitfield, in report order)."""
 
 
-LAG_HIGH: Final = 0.05
-"""Event-loop lag (seconds, an EMA) above which the coordinator is behind: it lengthens
-the report interval (:func:`govern`). A loop that runs a 0.25 s timer 50 ms late has a
-queue of requests at least that deep."""
-
-LAG_LOW: Final = 0.01
-"""Lag below which the coordinator has room again: the interval shortens."""
-
-MAX_LOAD_FACTOR: Final = 8.0
-"""Most the load governor stretches the budget's interval (still within
-``MAX_REPORT_INTERVAL``)."""
-
-LAG_PERIOD: Final = 0.25
-"""Seconds between event-loop lag probes."""
-
-
-def govern(factor: float, lag: float) -> float:
-    """The next stretch of the report interval from the event loop's lag: x1.5 while the
-    loop lags more than ``LAG_HIGH`` (the budget is more than this process gets: a busy
-    or shared machine), /1.1 while it lags less than ``LAG_LOW``, within [1,
-    ``MAX_LOAD_FACTOR``]. Faster up than down (AIMD-like): a node hears a new interval
-    only at its next report, so the load answers a change one interval later."""
-    if lag > LAG_HIGH:
-        return min(MAX_LOAD_FACTOR, factor * 1.5)
-    if lag < LAG_LOW:
-        return max(1.0, factor / 1.1)
-    return factor
-
-
-def report_interval(nodes: int, budget: float, coordinators: int = 1) -> float:
-    """Seconds between a node's reports so that ``nodes`` nodes send at most ``budget``
-    reports a second to each of ``coordinators``: ``nodes / (budget x coordinators)``,
-    rounded up to ``INTERVAL_STEP``, within [``REPORT_INTERVAL``, ``MAX_REPORT_INTERVAL``].
-    1 s up to 2,000 nodes at the default budget; 2.5 s at 5,000."""
-    wanted = nodes / (budget * max(1, coordinators))
-    stepped = math.ceil(wanted / INTERVAL_STEP) * INTERVAL_STEP
-    return min(MAX_REPORT_INTERVAL, max(REPORT_INTERVAL, stepped))
-
-
-Clock = Callable[[], float]
-
-
-class _Metrics:
-    """Per-app counters on a private registry, so tests can run several apps at once."""
-
-    def __init__(self, store: PeerStore, clock: Clock) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.announces = Counter(
-            "swarm_announces",
-            "Tracker announces accepted, by event ('none' for a regular re-announce).",
-            ["event"],
-            registry=self.registry,
-        )
-        self.announce_failures = Counter(
-            "swarm_announce_failures",
-            "Announces answered with a failure reason (malformed or internal error).",
-            registry=self.registry,
-        )
-        self.reports = Counter("swarm_reports", "Node reports accepted.", registry=self.registry)
-        self.unauthorized = Counter(
-            "swarm_unauthorized",
-            "Requests refused (403) for a missing or wrong fleet token.",
-            registry=self.registry,
-        )
-        self.report_failures = Counter(
-            "swarm_report_failures", "Node reports rejected as malformed.", registry=self.registry
-        )
-        self.refused = Counter(
-            "swarm_refused",
-            "Reports and announces refused because the coordinator is at a bound "
-            "(nodes, peers, bytes of state); see the coordinator's log.",
-            ["kind"],
-            registry=self.registry,
-        )
-        self.completions = Counter(
-            "swarm_completions",
-            "Artifact completions recorded in history (first per node and artifact).",
-            registry=self.registry,
-        )
-        self.expired = Counter(
-            "swarm_expired",
-            "Peers and nodes dropped for not announcing or reporting in time.",
-            ["kind"],
-            registry=self.registry,
-        )
-        self.registry.register(_StoreCollector(store, clock))
-
-
-class _StoreCollector(Collector):
-    """Gauges read from the store at scrape time, so an artifact whose last peer left
-    disappears from the output instead of lingering at its last value."""
-
-    def __init__(self, store: PeerStore, clock: Clock) -> None:
-        self._store = store
-        self._clock = clock
-
-    def collect(self) -> Iterator[Metric]:
-        now = self._clock()
-        peers = GaugeMetricFamily(
-            "swarm_peers",
-            "Live tracker peers per artifact, by role (seeder: left == 0).",
-            labels=["info_hash", "role"],
-        )
-        for info_hash in self._store.info_hashes(now):
-            seeders, leechers = self._store.counts(info_hash, now)
-            peers.add_metric([info_hash.hex(), "seeder"], seeders)
-            peers.add_metric([info_hash.hex(), "leecher"], leechers)
-        yield peers
-        yield GaugeMetricFamily(
-            "swarm_nodes", "Nodes that reported recently.", value=self._store.node_count(now)
-        )
-
-
-@dataclass
-class _Load:
-    """The load governor's state: the interval stretch and the lag it follows."""
-
-    factor: float = 1.0
-    lag: float = 0.0
-    decided_at: float = 0.0
-
-
 STORE: Final = web.AppKey("store", PeerStore)
 HISTORY: Final = web.AppKey("history", History)
-METRICS: Final = web.AppKey("metrics", _Metrics)
+METRICS: Final = web.AppKey("metrics", Metrics)
 CLOCK: Final[web.AppKey[Clock]] = web.AppKey("clock")
 INTERVAL: Final = web.AppKey("interval", int)
 PLANNER: Final = web.AppKey("planner", StripePlanner)
 TOKEN: Final = web.AppKey("token", str)
 BUDGET: Final = web.AppKey("budget", float)
-LOAD: Final = web.AppKey("load", _Load)
+LOAD: Final = web.AppKey("load", Load)
 POOL: Final[web.AppKey[ThreadPoolExecutor | None]] = web.AppKey("pool")
 
 WORKERS: Final = 16
@@ -348,12 +215,12 @@ def make_app(
     app[TOKEN] = token or ""
     app[STORE] = store
     app[HISTORY] = History(db_path)
-    app[METRICS] = _Metrics(store, clock)
+    app[METRICS] = Metrics(store, clock)
     app[CLOCK] = clock
     app[INTERVAL] = int(interval)
     app[PLANNER] = planner or StripePlanner()
     app[BUDGET] = float(report_budget)
-    app[LOAD] = _Load()
+    app[LOAD] = Load()
     app[POOL] = ThreadPoolExecutor(workers, thread_name_prefix="store") if workers else None
     app.router.add_get("/announce", _announce)
     app.router.add_post("/v1/report", _report)
@@ -696,7 +563,7 @@ def _background(
     async def context(app: web.Application) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(_expire_forever(app, expiry_period))]
         if load_control:
-            tasks.append(asyncio.create_task(_watch_lag(app[LOAD])))
+            tasks.append(asyncio.create_task(watch_lag(app[LOAD])))
         try:
             yield
         finally:
@@ -715,24 +582,7 @@ def _background(
 def _interval(app: web.Application, now: float) -> float:
     store = app[STORE]
     base = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
-    stretched = math.ceil(base * app[LOAD].factor / INTERVAL_STEP) * INTERVAL_STEP
-    return min(MAX_REPORT_INTERVAL, max(base, stretched))
-
-
-async def _watch_lag(load: _Load) -> None:
-    """Probe the event loop's lag every ``LAG_PERIOD`` s (an EMA of how late a timer
-    fires) and let :func:`govern` stretch the interval once a second."""
-    loop = asyncio.get_running_loop()
-    while True:
-        expected = loop.time() + LAG_PERIOD
-        await asyncio.sleep(LAG_PERIOD)
-        now = loop.time()
-        load.lag += 0.3 * (max(0.0, now - expected) - load.lag)
-        if now - load.decided_at >= 1.0:
-            factor = govern(load.factor, load.lag)
-            if factor != load.factor:
-                log.info("event loop lags %.0f ms: report interval x%.2f", load.lag * 1e3, factor)
-            load.factor, load.decided_at = factor, now
+    return stretched_interval(base, app[LOAD].factor)
 
 
 def _sweep(app: web.Application) -> tuple[int, int]:

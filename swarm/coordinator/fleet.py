@@ -55,7 +55,7 @@ PEER_TTL: Final = PEER_TTL_INTERVALS * ANNOUNCE_INTERVAL
 REPORT_INTERVAL: Final = 1.0
 """Seconds between a node's reports in a small fleet: the shortest interval a
 ``/v1/report`` reply asks for (the coordinator lengthens it with the fleet's size, see
-:func:`swarm.coordinator.app.report_interval`)."""
+:func:`swarm.coordinator.load.report_interval`)."""
 
 REPORT_TTL: Final = 10.0
 """Seconds after its last report that a node leaves the fleet view: ten missed reports,

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.coordinator.app import _handle_report, make_app, report_interval
+from swarm.coordinator.app import _handle_report, make_app
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
+from swarm.coordinator.load import report_interval
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.origin import MAX_STRIPE_PIECES, StripePlanner
 from swarm.coordinator.planstate import GeometryError, MemoryPlanState, PlanState
@@ -329,7 +330,7 @@ def test_report_interval_follows_the_budget() -> None:
 
 
 def test_the_load_governor_stretches_fast_and_shrinks_slowly() -> None:
-    from swarm.coordinator.app import LAG_HIGH, LAG_LOW, MAX_LOAD_FACTOR, govern
+    from swarm.coordinator.load import LAG_HIGH, LAG_LOW, MAX_LOAD_FACTOR, govern
 
     factor = 1.0
     for _ in range(3):  # a loop 50+ ms late for three seconds: x1.5 each second
