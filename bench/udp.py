@@ -290,7 +290,7 @@ def parse_case(text: str) -> tuple[float, float, int]:
 
 
 def wan_rows(path: Path, env: dict[str, str], args: argparse.Namespace) -> list[dict]:
-    from swarm.lab import wan
+    from swarm.lab import wan, wanprobe
     from swarm.lab.netlab import Lab, lab_unavailable
 
     reason = lab_unavailable() or wan.wanem_unavailable()
@@ -318,7 +318,7 @@ def wan_rows(path: Path, env: dict[str, str], args: argparse.Namespace) -> list[
             lost = after["ab"]["lost"] - before["ab"]["lost"]
             dropped = after["ab"]["dropped"] - before["ab"]["dropped"]
             frames = after["ab"]["frames"] - before["ab"]["frames"]
-            tcp = wan.tcp_flow(srv, cli, seconds=args.tcp_seconds, algorithm="cubic")
+            tcp = wanprobe.tcp_flow(srv, cli, seconds=args.tcp_seconds, algorithm="cubic")
             tcp_row = {
                 "path": name,
                 "method": "TCP (1 CUBIC flow)",

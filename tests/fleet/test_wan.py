@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from swarm.lab import wan
+from swarm.lab import wan, wanprobe
 from swarm.lab.netlab import Host, Lab, lab_unavailable
 
 pytestmark = pytest.mark.fleet
@@ -32,12 +32,12 @@ def test_ping_rtt_and_jitter(pair: tuple[Lab, Host, Host, wan.Wan]) -> None:
     coalescing); with +-5 ms jitter each way the mean stays within 5% and the spread shows."""
     _, a, b, link = pair
     link.set(wan.Shape.path(rtt_ms=100))
-    rtts = wan.ping(a, b.ip, count=40, interval=0.02)["rtts_ms"]
+    rtts = wanprobe.ping(a, b.ip, count=40, interval=0.02)["rtts_ms"]
     assert len(rtts) == 40
     assert statistics.median(rtts) == pytest.approx(100, rel=0.05), rtts
     assert min(rtts) >= 100 and statistics.mean(rtts) == pytest.approx(100, rel=0.05)
     link.set(wan.Shape.path(rtt_ms=100, jitter_ms=5))
-    rtts = wan.ping(a, b.ip, count=40, interval=0.02)["rtts_ms"]
+    rtts = wanprobe.ping(a, b.ip, count=40, interval=0.02)["rtts_ms"]
     assert statistics.mean(rtts) == pytest.approx(100, rel=0.05), rtts
     assert max(rtts) - min(rtts) > 4, rtts  # two uniform +-5 ms samples per echo
 
@@ -46,7 +46,7 @@ def test_random_loss_matches_the_setting(pair: tuple[Lab, Host, Host, wan.Wan]) 
     """0.5% loss: 100,000 datagrams lose 500 +- 22 (1 sigma); within 20% is 4.5 sigma."""
     _, a, b, link = pair
     link.set(wan.Shape(loss=0.005))
-    result = wan.udp_loss(a, b, count=100_000, pps=40_000, size=100)
+    result = wanprobe.udp_loss(a, b, count=100_000, pps=40_000, size=100)
     assert result["loss"] == pytest.approx(0.005, rel=0.2), result
     stats = link.stats()["ab"]
     assert stats["overflow"] == 0 and stats["dropped"] == 0
@@ -57,7 +57,7 @@ def test_rate_and_queue(pair: tuple[Lab, Host, Host, wan.Wan]) -> None:
     1448 of 1514 bytes a frame), and no faster."""
     _, a, b, link = pair
     link.set(wan.Shape(rate_mbit=100))
-    flow = wan.tcp_flow(a, b, seconds=3, warmup=0.5)
+    flow = wanprobe.tcp_flow(a, b, seconds=3, warmup=0.5)
     assert 0.9 * 100 * 1448 / 1514 <= flow["mbit"] <= 100 * 1448 / 1514 * 1.02, flow
 
 
@@ -68,8 +68,8 @@ def test_one_tcp_flow_is_near_the_mathis_estimate(pair: tuple[Lab, Host, Host, w
     start overshoots the steady window). Measured 0.89-1.15x over 40 s windows."""
     _, a, b, link = pair
     link.set(wan.Shape.path(rtt_ms=100, loss=0.005))
-    flows = wan.tcp_flows(a, b, count=4, seconds=20, warmup=3)
-    estimate = wan.mathis_mbit(flows[0]["mss"], 100, 0.005)
+    flows = wanprobe.tcp_flows(a, b, count=4, seconds=20, warmup=3)
+    estimate = wanprobe.mathis_mbit(flows[0]["mss"], 100, 0.005)
     ratios = [flow["mbit"] / estimate for flow in flows]
     assert all(flow["algorithm"] == "cubic" for flow in flows)
     assert all(0.5 <= r <= 2.0 for r in ratios), ratios
