@@ -6,9 +6,10 @@ seeding whatever it holds: that is how existing instances seed new ones.
 
 Its roles, a module each: the artifact registry (:mod:`.registry`), sources as
 supervised tasks (:mod:`.supervisor`, with the S3 reader :mod:`.origin` and the UDP
-source :mod:`.udpsource`), the whole-file hash and DEST (:mod:`.finisher`), status
-(:mod:`.status`), the local API (:mod:`.api`), the reporter (:mod:`.reporter`), what
-the UDP server sees of the pieces held (:mod:`.held`) and the process (:mod:`.serve`).
+source :mod:`.udpsource`), the whole-file hash and DEST (:mod:`.finisher`, run for each
+artifact by :mod:`.completion`), status (:mod:`.status`), the local API (:mod:`.api`),
+the reporter (:mod:`.reporter`), what the UDP server sees of the pieces held
+(:mod:`.held`) and the process (:mod:`.serve`).
 This module ties them together.
 
 State under ``SWARM_HOME``::
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import math
 import os
@@ -39,7 +39,8 @@ from typing import Any
 import libtorrent as lt
 
 from swarm import catalog
-from swarm.agent import finisher, registry, treefs
+from swarm.agent import registry, treefs
+from swarm.agent.completion import Completion, file_inode
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
@@ -51,7 +52,7 @@ from swarm.agent.supervisor import SourceTask
 from swarm.agent.udpauto import auto_udp
 from swarm.agent.udpsource import read_udp
 from swarm.config import Settings, coordinator_urls
-from swarm.errors import IntegrityError, NoSpaceError, SwarmError, UsageError
+from swarm.errors import NoSpaceError, SwarmError, UsageError
 from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
@@ -72,10 +73,6 @@ the tracker an announce per node (at most one per node every two seconds)."""
 DAEMON_SDK_ATTEMPTS = 3
 """botocore's own tries per S3 call in the daemon: its retries are silent (eight of them
 with backoff hid a minute of 503s), the supervisor's show on the progress line."""
-
-REPAIR_ROUNDS = 3
-"""Whole-file checks of a fetch whose own S3 writes failed it (each round reads the
-pieces that fail their SHA-1 again)."""
 
 STOP_BUDGET = 8.0
 """Seconds a stopping daemon gives libtorrent to save resume data (systemd's default
@@ -147,6 +144,9 @@ class Daemon:
         self.trackers = [f"{url}/announce{query}" for url in self.coordinators]
         if self.token:
             self.session.admit_only([])  # nobody, until the coordinator names the members
+        self.completion = Completion(
+            self.session, self.home, self.trackers, lambda: self.extra_peers, self._start_source
+        )
 
     # -- the registry -----------------------------------------------------------------------
 
@@ -192,7 +192,7 @@ class Daemon:
             if dest is not None and not verified:  # a fetch into DEST was under way
                 lock = DestLock(dest, self._lock_owner(manifest))
                 artifact.lock = lock if lock.try_acquire() else None
-            self._start_finishing(artifact)
+            self.completion.start(artifact)
             log.info("restored %s (%s) from %s", manifest.name, manifest.info_hash, data_path)
 
     def _add(
@@ -310,7 +310,7 @@ class Daemon:
             forced_udp = any(s.startswith("udp://") for s in artifact.sources)
             if "peers" in artifact.sources and self.udp_port and not forced_udp:
                 self._start_source(artifact, AUTO_UDP)
-        self._start_finishing(artifact)
+        self.completion.start(artifact)
         return artifact
 
     def _lock_owner(self, manifest: Manifest) -> dict[str, object]:
@@ -368,156 +368,6 @@ class Daemon:
 
         artifact.tasks[name] = SourceTask(name, body, artifact.cancel, progress).start()
 
-    def _start_finishing(self, artifact: Artifact) -> None:
-        """Once per artifact: hash while it downloads, then verify and place it."""
-        if artifact.finisher is not None or artifact.verified.is_set():
-            return
-        if artifact.restored and artifact.was_verified:
-            # Verified before the restart: seed once libtorrent has checked it again.
-            threading.Thread(
-                target=self._seed_restored, args=(artifact,), daemon=True, name="restored"
-            ).start()
-            return
-        artifact.finisher = self._new_finisher(artifact)
-        artifact.finisher.start()
-        name = f"finish-{artifact.manifest.name}"
-        threading.Thread(target=self._finish, args=(artifact,), daemon=True, name=name).start()
-
-    def _new_finisher(self, artifact: Artifact) -> finisher.Finisher:
-        state = self.session.torrents[artifact.info_hash]
-
-        def held() -> set[int]:
-            return artifact.direct.held() if artifact.direct is not None else state.held
-
-        kind = treefs.TreeFinisher if artifact.manifest.is_tree else finisher.Finisher
-        return kind(
-            self.session,
-            artifact.manifest,
-            artifact.data_path,
-            artifact.cancel,
-            held,
-            on_stuck=functools.partial(self._repair, artifact),
-        )
-
-    def _repair(self, artifact: Artifact, pieces: list[int]) -> None:
-        """libtorrent counts every block of ``pieces`` as written but never keeps them
-        (:mod:`.stuck`): the S3 reader writes them into the file itself, outside
-        libtorrent; without S3 (or for a tree, which the reader never writes itself),
-        libtorrent checks the file again and fetches what it then finds missing."""
-        from_s3 = "s3" in artifact.sources and not artifact.manifest.is_tree
-        log.warning(
-            "%s: libtorrent counts pieces %s as written but does not hold them: %s",
-            artifact.manifest.name, pieces,
-            "reading them from S3 into the file" if from_s3 else "checking the file again",
-        )  # fmt: skip
-        if from_s3:
-            artifact.ask_repair(pieces)
-            self._start_source(artifact, "s3")
-            return
-        with contextlib.suppress(KeyError, RuntimeError):  # removed meanwhile
-            self.session.torrents[artifact.info_hash].handle.force_recheck()
-
-    def _seed_restored(self, artifact: Artifact) -> None:
-        """A restored artifact that was verified: seeding once libtorrent has checked it.
-        If the check finds pieces missing (an unclean stop lost writes), the file is no
-        longer what was verified: it is repaired in place and hashed whole again."""
-        state = self.session.torrents[artifact.info_hash]
-        checking = {
-            lt.torrent_status.states.checking_files,
-            lt.torrent_status.states.checking_resume_data,
-        }
-        while not state.finished.wait(0.25):
-            if artifact.cancel.is_set():
-                return
-            status = state.status
-            if status is not None and status.state not in checking and not status.is_seeding:
-                log.warning(
-                    "%s lost pieces: repairing it, then hashing it again", artifact.manifest.name
-                )
-                artifact.was_verified = False
-                artifact.finisher = self._new_finisher(artifact)
-                artifact.finisher.start()
-                self._finish(artifact)
-                return
-        artifact.inode = _inode(artifact.final_path)
-        artifact.verified.set()
-
-    def _finish(self, artifact: Artifact) -> None:
-        """Wait for every piece, check the whole file, put it at DEST, seed it."""
-        state = self.session.torrents[artifact.info_hash]
-        try:
-            for _ in range(REPAIR_ROUNDS):
-                while not (state.finished.is_set() or artifact.complete_on_disk()):
-                    if artifact.cancel.wait(0.25):
-                        return
-                fin = artifact.finisher
-                assert fin is not None
-                try:
-                    fin.wait()
-                    break
-                except IntegrityError:
-                    direct = artifact.direct
-                    if direct is None or not direct.drop_bad():
-                        raise
-                    # Bytes from S3 went bad on the way: read those pieces again.
-                    log.warning(
-                        "%s: pieces failed their SHA-1: reading them again", artifact.manifest.name
-                    )
-                    artifact.finisher = self._new_finisher(artifact)
-                    artifact.finisher.start()
-                    self._start_source(artifact, "s3")
-            if artifact.direct is not None:
-                self._adopt(artifact)
-            elif artifact.manifest.is_tree:
-                if artifact.dest is not None and artifact.data_path != artifact.dest:
-                    treefs.place_tree(self.session, artifact, self.trackers, self.extra_peers)
-            elif artifact.dest is not None and artifact.data_path != artifact.dest:
-                finisher.place(self.session, artifact.info_hash, artifact.data_path, artifact.dest)
-                artifact.data_path = artifact.dest
-            registry.save_record(
-                self.home, artifact.manifest, artifact.data_path, artifact.dest, verified=True
-            )
-        except IntegrityError as error:
-            artifact.failure = (str(error), error.exit_code)
-            log.error("%s", error)
-        except (SwarmError, OSError, RuntimeError) as error:
-            artifact.failure = (f"swarm: cannot place {artifact.manifest.name}: {error}", 1)
-            log.error("%s", artifact.failure[0])
-        else:
-            artifact.inode = _inode(artifact.final_path)
-            artifact.verified.set()
-            self.session.save_resume(artifact.info_hash)
-            log.info("%s verified at %s", artifact.manifest.name, artifact.final_path)
-        finally:
-            if artifact.lock is not None:
-                artifact.lock.release()
-                artifact.lock = None
-
-    def _adopt(self, artifact: Artifact) -> None:
-        """The S3 reader wrote (some of) the verified file itself: hand the whole file to
-        libtorrent, at its final path, in seed mode (see :mod:`.direct`)."""
-        direct = artifact.direct
-        assert direct is not None
-        old = artifact.sink
-        before = self.session.torrents[artifact.info_hash].status
-        self.session.remove(artifact.info_hash)
-        direct.close()
-        final = artifact.final_path
-        if final != artifact.data_path:
-            os.chmod(artifact.data_path, finisher.DEST_MODE)
-            os.replace(artifact.data_path, final)
-            finisher.fsync_dir(final.parent)
-        state = self.session.add(artifact.manifest, final, self.trackers, seed_mode=True)
-        for address in self.extra_peers:
-            state.handle.connect_peer(address)
-        sink = TorrentSink(self.session, artifact.manifest)
-        sink.bytes_by_source, sink.hash_failures = old.bytes_by_source, old.hash_failures
-        # what peers gave lives in the old handle's counters: carried (see status.describe)
-        sink.bytes_by_source["peers"] = old.bytes_by_source.get("peers", 0) + (
-            before.total_payload_download if before is not None else 0
-        )
-        artifact.sink, artifact.data_path, artifact.direct = sink, final, None
-
     def watch(self) -> None:
         """Stop seeding what is no longer on disk as verified: a file deleted or
         replaced under the daemon, or one libtorrent can no longer read."""
@@ -535,7 +385,7 @@ class Daemon:
         return artifact
 
     def watch_one(self, artifact: Artifact) -> None:
-        inode = _inode(artifact.final_path)
+        inode = file_inode(artifact.final_path)
         if inode is None:
             self._drop(artifact, f"{artifact.final_path} was deleted")
         elif inode != artifact.inode:
@@ -628,10 +478,3 @@ class Daemon:
         for artifact in self.artifacts.values():
             if artifact.lock is not None:
                 artifact.lock.release()
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return None

@@ -7,7 +7,7 @@ would ever bring those pieces: libtorrent does not request a block it counts as 
 ``add_piece`` skips such blocks, and the S3 reader leaves pieces in libtorrent's queue to
 the peers. The cause inside libtorrent is not found; a write takes milliseconds, so a
 piece seen that way for ``STUCK_AFTER`` seconds is stuck, and the daemon repairs it
-(see ``Daemon._repair``).
+(see ``Completion._repair``).
 """
 
 from __future__ import annotations
