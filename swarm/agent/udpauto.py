@@ -33,6 +33,7 @@ from swarm.agent.udpchoice import (
     TAIL_SHARE,
     Holder,
     RateWindow,
+    Region,
     UdpChoice,
     batch_pieces,
     best_holder,
@@ -144,6 +145,7 @@ def auto_udp(
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
         near_ips: set[str] = set()
+        share_done_at = math.inf  # when this node's share of its region was all claimed
 
         def set_near(ip: str, seconds: float, how: str) -> None:
             log.info("udp: %s is near (%s %.1f ms): TCP's", ip, how, seconds * 1e3)
@@ -197,14 +199,19 @@ def auto_udp(
                 holders, missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
             )
             claimed = {i for lane in lanes for i in lane.pieces}
+            region = Region.of(own_ip, near_ips & {h.ip for h in everyone})
+            nearby = held_nearby(everyone, near_ips.__contains__)
+            pool, share_done_at = region.candidates(
+                [i for i in missing if i not in claimed], nearby, share_done_at, now
+            )
             pieces = (
                 batch_pieces(
-                    [i for i in missing if i not in claimed],
+                    pool,
                     holder,
                     in_flight(),
                     max(1, want // manifest.piece_size),
                     order,
-                    held_nearby(everyone, near_ips.__contains__),
+                    nearby,
                 )
                 if holder is not None
                 else []

@@ -12,10 +12,12 @@ choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
   the last :data:`RATE_WINDOW`, or while it is in its tail (:data:`TAIL_SHARE`); when it
   loses (TCP caught up, or the holder is slow) it stops, and its holder waits twice as
   long as the last (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
-- A session takes missing pieces that the holder has in this node's own order
+- A session takes missing pieces of this node's share of its region (:class:`Region`:
+  the nodes of one region split the artifact, so each piece crosses the WAN about
+  once and the rest travels between them), in this node's own order
   (:func:`piece_order`): first those no near peer holds and libtorrent is not
-  downloading, so the nodes of one region pull different pieces and each tends to
-  cross the WAN once.
+  downloading. Once its share is taken it waits :data:`SHARE_GRACE`, then takes
+  what the others have not brought.
 - A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's
   (:mod:`.rtt` measures). So is S3: with S3 near, UDP stays off for the fetch
   (:func:`udp_wanted`).
@@ -24,8 +26,10 @@ choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -196,11 +200,12 @@ def batch_pieces(
     piece's rank): first those no near peer holds (``nearby``) and libtorrent is not
     downloading, then those a near peer holds, then those in flight. Each node of a far
     region has an order of its own (:func:`piece_order`), so the sessions of two nodes
-    share few pieces: each piece tends to cross the WAN once and the rest travels
-    between them. (Runs down from each node's stripe offset overlapped whenever two
-    offsets were close, and a piece a neighbour brought first came over the LAN before
-    this node's session delivered it: sessions of far nodes delivered nothing new for
-    2 s.) Pieces libtorrent is downloading come last, yet they come: on a long path its
+    share few pieces even where their shares (:class:`Region`) overlap: a region not yet
+    known, or a share taken over from a lagging member. (Runs down from each node's
+    stripe offset overlapped whenever two offsets were close, and a piece a neighbour
+    brought first came over the LAN before this node's session delivered it: sessions
+    of far nodes delivered nothing new for 2 s.) Pieces libtorrent is downloading come
+    last, yet they come: on a long path its
     request queue holds nearly every missing piece (a deep queue for the
     bandwidth-delay product), and what arrives second is dropped."""
     held = [
@@ -231,6 +236,49 @@ def piece_order(node_id: str, count: int) -> Callable[[int], int]:
         for i in range(count)
     ]
     return ranks.__getitem__
+
+
+SHARE_GRACE: Final = 5.0
+"""Seconds a node whose share of its region is in (or on its way) waits before its
+sessions take pieces of the others' shares: in a region of equals theirs come in about
+as fast, over the LAN; a member that lags or is gone is caught up after it."""
+
+
+@dataclass(frozen=True)
+class Region:
+    """A far region's split of the artifact among its members, so that each piece
+    crosses the WAN about once: the members are this node and the near peers it is
+    connected to, sorted by address (each of them computes the same list), and piece
+    ``i`` is the share of the member at ``i mod len(members)``. The far-region fleet,
+    each node with its own order only (:func:`piece_order`), carried 2-2.5 copies of the
+    artifact over UDP, whose senders (the seeders' uplinks) were the limit, while the
+    far nodes' downlinks ran at two-thirds."""
+
+    members: tuple[str, ...]
+    rank: int
+
+    @classmethod
+    def of(cls, own_ip: str, near_ips: Iterable[str]) -> Region:
+        members = tuple(sorted({own_ip, *near_ips}, key=ipaddress.ip_address))
+        return cls(members, members.index(own_ip))
+
+    def owns(self, index: int) -> bool:
+        """Whether piece ``index`` is this node's to bring."""
+        return index % len(self.members) == self.rank
+
+    def candidates(
+        self, pool: Sequence[int], nearby: Collection[int], share_done_at: float, now: float
+    ) -> tuple[list[int], float]:
+        """The pieces of ``pool`` (missing, no session's yet) a new session may take, and
+        since when this node's share has been all taken (``share_done_at``: pass back
+        the last answer's, ``math.inf`` at first): its share that no near peer holds;
+        once none is left, nothing for :data:`SHARE_GRACE` seconds, then all of
+        ``pool``."""
+        own = [i for i in pool if self.owns(i) and i not in nearby]
+        if own:
+            return own, math.inf
+        done_at = min(share_done_at, now)
+        return (list(pool) if now - done_at >= SHARE_GRACE else []), done_at
 
 
 def held_nearby(holders: Sequence[Holder], near: Callable[[str], bool]) -> frozenset[int]:
