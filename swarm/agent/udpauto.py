@@ -201,21 +201,14 @@ def auto_udp(
             claimed = {i for lane in lanes for i in lane.pieces}
             region = Region.of(own_ip, near_ips & {h.ip for h in everyone})
             nearby = held_nearby(everyone, near_ips.__contains__)
-            pool, share_done_at = region.candidates(
-                [i for i in missing if i not in claimed], nearby, share_done_at, now
-            )
-            pieces = (
-                batch_pieces(
-                    pool,
-                    holder,
-                    in_flight(),
-                    max(1, want // manifest.piece_size),
-                    order,
-                    nearby,
-                )
-                if holder is not None
-                else []
-            )
+            unclaimed = [i for i in missing if i not in claimed]
+            pool, share_done_at = region.candidates(unclaimed, nearby, share_done_at, now)
+            pieces: list[int] = []
+            if holder is not None:
+                count = max(1, want // manifest.piece_size)
+                pieces = batch_pieces(pool, holder, in_flight(), count, order, nearby)
+                if not pieces and pool:  # the holder has none of this node's share
+                    pieces = batch_pieces(unclaimed, holder, in_flight(), count, order, nearby)
             if holder is None or not pieces:
                 if lanes:
                     artifact.cancel.wait(0.25)

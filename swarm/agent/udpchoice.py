@@ -248,19 +248,26 @@ as fast, over the LAN; a member that lags or is gone is caught up after it."""
 class Region:
     """A far region's split of the artifact among its members, so that each piece
     crosses the WAN about once: the members are this node and the near peers it is
-    connected to, sorted by address (each of them computes the same list), and piece
-    ``i`` is the share of the member at ``i mod len(members)``. The far-region fleet,
-    each node with its own order only (:func:`piece_order`), carried 2-2.5 copies of the
-    artifact over UDP, whose senders (the seeders' uplinks) were the limit, while the
-    far nodes' downlinks ran at two-thirds."""
+    connected to that hold pieces, sorted by address, and piece ``i`` is the share of
+    the member at ``i mod len(members)``. Members that see the same peers compute the
+    same split; early in a fetch, or as members join, they may not (a piece then comes
+    twice, or waits out :data:`SHARE_GRACE`). The far-region fleet, each node with its
+    own order only (:func:`piece_order`), carried 2-2.5 copies of the artifact over
+    UDP, whose senders (the seeders' uplinks) were the limit, while the far nodes'
+    downlinks ran at two-thirds. A node that listens on every address (``0.0.0.0``)
+    does not know the address its peers see: it owns every piece, as alone."""
 
     members: tuple[str, ...]
     rank: int
 
     @classmethod
     def of(cls, own_ip: str, near_ips: Iterable[str]) -> Region:
-        members = tuple(sorted({own_ip, *near_ips}, key=ipaddress.ip_address))
-        return cls(members, members.index(own_ip))
+        own = ipaddress.ip_address(own_ip)
+        if own.is_unspecified:
+            return cls((own_ip,), 0)
+        addresses = {own, *(ipaddress.ip_address(ip) for ip in near_ips)}
+        ordered = sorted(addresses, key=lambda a: (a.version, a))  # v4 and v6 apart
+        return cls(tuple(str(a) for a in ordered), ordered.index(own))
 
     def owns(self, index: int) -> bool:
         """Whether piece ``index`` is this node's to bring."""

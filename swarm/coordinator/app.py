@@ -191,7 +191,8 @@ def make_app(
             (:func:`report_interval`).
         workers: threads that run the store's and planner's work (0: on the event loop,
             right for the in-memory store; ``WORKERS`` for Redis, see :func:`_offload`).
-        load_control: stretch the interval while the event loop lags (:func:`govern`):
+        load_control: stretch the interval while the event loop lags
+            (:func:`swarm.coordinator.load.govern`):
             the process gets less CPU than the budget assumes. ``run`` turns it on;
             off, the interval depends on the fleet's size alone (tests).
 

@@ -57,7 +57,6 @@ CATALOG = f"s3://{BUCKET}/catalog/"
 ACCESS_KEY = "swarmfleet"
 SECRET_KEY = "swarmfleet-secret"
 FLEET_SECRET = "swarm-lab-fleet-secret-0123456789"
-"""Seconds between /proc/stat samples; a sample >= 95% busy counts as saturated."""
 
 GET_TORRENT = """\
 import sys, urllib.request, boto3

@@ -19,7 +19,7 @@ from swarm.lab.netlab import Host
 from swarm.lab.procs import cpu_seconds
 
 CPU_SAMPLE = 1.0
-"""Seconds between samples of the machine's CPU use."""
+"""Seconds between /proc/stat samples; a sample >= 95% busy counts as saturated."""
 
 
 class FleetError(Exception):

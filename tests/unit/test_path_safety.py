@@ -264,7 +264,9 @@ def test_daemon_restore_refuses_unsafe_manifests_before_adding(tmp_path: Path) -
         return SimpleNamespace()
 
     # restore() without a libtorrent session: only its loading and refusing is under test.
-    fake = SimpleNamespace(home=home, _add=add, _start_finishing=lambda _artifact: None)
+    fake = SimpleNamespace(
+        home=home, _add=add, completion=SimpleNamespace(start=lambda _artifact: None)
+    )
     Daemon.restore(fake)  # type: ignore[arg-type]
 
     assert [m.name for m in added] == ["index.db"]

@@ -174,6 +174,12 @@ def test_a_far_region_splits_the_artifact_so_each_piece_crosses_once() -> None:
     owners = [[r.owns(i) for r in regions].count(True) for i in range(128)]
     assert owners == [1] * 128
     assert all(Region.of("10.0.0.9", []).owns(i) for i in range(128))
+    # listening on every address, a node does not know the one its peers see: it owns
+    # everything (ranked first by 0.0.0.0, it would pull the first member's share too)
+    assert all(Region.of("0.0.0.0", ips).owns(i) for i in range(128))
+    # both families: apart, not a TypeError
+    mixed = Region.of("fd00::2", ["10.0.0.9", "fd00::1"])
+    assert mixed.members == ("10.0.0.9", "fd00::1", "fd00::2") and mixed.rank == 2
 
 
 def test_a_node_takes_its_share_then_the_others_after_a_grace() -> None:
@@ -190,6 +196,10 @@ def test_a_node_takes_its_share_then_the_others_after_a_grace() -> None:
     assert taken == [] and done_at == 11.0
     taken, _ = region.candidates([1, 3, 5], set(), done_at, now=11.0 + SHARE_GRACE)
     assert taken == [1, 3, 5]
+    # a piece of its share back in the pool (a session failed): taken at once, and the
+    # grace starts over once the share is all taken again
+    taken, done_at = region.candidates([1, 2, 3], set(), done_at, now=11.0 + SHARE_GRACE)
+    assert taken == [2] and done_at == math.inf
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
@@ -299,7 +309,10 @@ def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
         port = listener.getsockname()[1]
         by_connects = endpoint_round_trip(f"http://127.0.0.1:{port}")
     assert by_connects is not None and by_connects < NEAR_RTT
+    # bound, never listening: connects are refused. Not 127.0.0.1: the kernel's least
+    # round trip is per host, and other processes' connections to it would answer
+    quiet = "127.61.73.89"
     with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))  # bound, never listening: connects are refused
-        assert endpoint_round_trip(f"http://127.0.0.1:{closed.getsockname()[1]}") is None
+        closed.bind((quiet, 0))
+        assert endpoint_round_trip(f"http://{quiet}:{closed.getsockname()[1]}") is None
     assert endpoint_round_trip(None) is None
