@@ -33,7 +33,6 @@ from swarm.agent.udpchoice import (
     TAIL_SHARE,
     Holder,
     RateWindow,
-    Region,
     UdpChoice,
     batch_pieces,
     best_holder,
@@ -145,7 +144,6 @@ def auto_udp(
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
         near_ips: set[str] = set()
-        share_done_at = math.inf  # when this node's share of its region was all claimed
 
         def set_near(ip: str, seconds: float, how: str) -> None:
             log.info("udp: %s is near (%s %.1f ms): TCP's", ip, how, seconds * 1e3)
@@ -199,16 +197,18 @@ def auto_udp(
                 holders, missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
             )
             claimed = {i for lane in lanes for i in lane.pieces}
-            region = Region.of(own_ip, near_ips & {h.ip for h in everyone})
-            nearby = held_nearby(everyone, near_ips.__contains__)
-            unclaimed = [i for i in missing if i not in claimed]
-            pool, share_done_at = region.candidates(unclaimed, nearby, share_done_at, now)
-            pieces: list[int] = []
-            if holder is not None:
-                count = max(1, want // manifest.piece_size)
-                pieces = batch_pieces(pool, holder, in_flight(), count, order, nearby)
-                if not pieces and pool:  # the holder has none of this node's share
-                    pieces = batch_pieces(unclaimed, holder, in_flight(), count, order, nearby)
+            pieces = (
+                batch_pieces(
+                    [i for i in missing if i not in claimed],
+                    holder,
+                    in_flight(),
+                    max(1, want // manifest.piece_size),
+                    order,
+                    held_nearby(everyone, near_ips.__contains__),
+                )
+                if holder is not None
+                else []
+            )
             if holder is None or not pieces:
                 if lanes:
                     artifact.cancel.wait(0.25)

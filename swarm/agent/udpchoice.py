@@ -12,12 +12,10 @@ choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
   the last :data:`RATE_WINDOW`, or while it is in its tail (:data:`TAIL_SHARE`); when it
   loses (TCP caught up, or the holder is slow) it stops, and its holder waits twice as
   long as the last (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
-- A session takes missing pieces of this node's share of its region (:class:`Region`:
-  the nodes of one region split the artifact, so each piece crosses the WAN about
-  once and the rest travels between them), in this node's own order
+- A session takes missing pieces that the holder has in this node's own order
   (:func:`piece_order`): first those no near peer holds and libtorrent is not
-  downloading. Once its share is taken it waits :data:`SHARE_GRACE`, then takes
-  what the others have not brought.
+  downloading, so the nodes of one region pull different pieces and each tends to
+  cross the WAN once.
 - A holder whose least round trip is under :data:`NEAR_RTT` is near: TCP's
   (:mod:`.rtt` measures). So is S3: with S3 near, UDP stays off for the fetch
   (:func:`udp_wanted`).
@@ -26,10 +24,8 @@ choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import math
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -200,12 +196,11 @@ def batch_pieces(
     piece's rank): first those no near peer holds (``nearby``) and libtorrent is not
     downloading, then those a near peer holds, then those in flight. Each node of a far
     region has an order of its own (:func:`piece_order`), so the sessions of two nodes
-    share few pieces even where their shares (:class:`Region`) overlap: a region not yet
-    known, or a share taken over from a lagging member. (Runs down from each node's
-    stripe offset overlapped whenever two offsets were close, and a piece a neighbour
-    brought first came over the LAN before this node's session delivered it: sessions
-    of far nodes delivered nothing new for 2 s.) Pieces libtorrent is downloading come
-    last, yet they come: on a long path its
+    share few pieces: each piece tends to cross the WAN once and the rest travels
+    between them. (Runs down from each node's stripe offset overlapped whenever two
+    offsets were close, and a piece a neighbour brought first came over the LAN before
+    this node's session delivered it: sessions of far nodes delivered nothing new for
+    2 s.) Pieces libtorrent is downloading come last, yet they come: on a long path its
     request queue holds nearly every missing piece (a deep queue for the
     bandwidth-delay product), and what arrives second is dropped."""
     held = [
@@ -236,56 +231,6 @@ def piece_order(node_id: str, count: int) -> Callable[[int], int]:
         for i in range(count)
     ]
     return ranks.__getitem__
-
-
-SHARE_GRACE: Final = 5.0
-"""Seconds a node whose share of its region is in (or on its way) waits before its
-sessions take pieces of the others' shares: in a region of equals theirs come in about
-as fast, over the LAN; a member that lags or is gone is caught up after it."""
-
-
-@dataclass(frozen=True)
-class Region:
-    """A far region's split of the artifact among its members, so that each piece
-    crosses the WAN about once: the members are this node and the near peers it is
-    connected to that hold pieces, sorted by address, and piece ``i`` is the share of
-    the member at ``i mod len(members)``. Members that see the same peers compute the
-    same split; early in a fetch, or as members join, they may not (a piece then comes
-    twice, or waits out :data:`SHARE_GRACE`). The far-region fleet, each node with its
-    own order only (:func:`piece_order`), carried 2-2.5 copies of the artifact over
-    UDP, whose senders (the seeders' uplinks) were the limit, while the far nodes'
-    downlinks ran at two-thirds. A node that listens on every address (``0.0.0.0``)
-    does not know the address its peers see: it owns every piece, as alone."""
-
-    members: tuple[str, ...]
-    rank: int
-
-    @classmethod
-    def of(cls, own_ip: str, near_ips: Iterable[str]) -> Region:
-        own = ipaddress.ip_address(own_ip)
-        if own.is_unspecified:
-            return cls((own_ip,), 0)
-        addresses = {own, *(ipaddress.ip_address(ip) for ip in near_ips)}
-        ordered = sorted(addresses, key=lambda a: (a.version, a))  # v4 and v6 apart
-        return cls(tuple(str(a) for a in ordered), ordered.index(own))
-
-    def owns(self, index: int) -> bool:
-        """Whether piece ``index`` is this node's to bring."""
-        return index % len(self.members) == self.rank
-
-    def candidates(
-        self, pool: Sequence[int], nearby: Collection[int], share_done_at: float, now: float
-    ) -> tuple[list[int], float]:
-        """The pieces of ``pool`` (missing, no session's yet) a new session may take, and
-        since when this node's share has been all taken (``share_done_at``: pass back
-        the last answer's, ``math.inf`` at first): its share that no near peer holds;
-        once none is left, nothing for :data:`SHARE_GRACE` seconds, then all of
-        ``pool``."""
-        own = [i for i in pool if self.owns(i) and i not in nearby]
-        if own:
-            return own, math.inf
-        done_at = min(share_done_at, now)
-        return (list(pool) if now - done_at >= SHARE_GRACE else []), done_at
 
 
 def held_nearby(holders: Sequence[Holder], near: Callable[[str], bool]) -> frozenset[int]:

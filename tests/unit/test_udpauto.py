@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import socket
 from collections.abc import Iterator
 
@@ -24,10 +23,8 @@ from swarm.agent.udpchoice import (
     PROBE_SECONDS,
     SESSION_BYTES,
     SESSION_SECONDS,
-    SHARE_GRACE,
     START_AFTER,
     Holder,
-    Region,
     UdpChoice,
     batch_pieces,
     best_holder,
@@ -161,45 +158,6 @@ def test_each_node_has_its_own_order_so_far_nodes_pull_different_pieces() -> Non
     shared = [len(a & b) for i, a in enumerate(firsts) for b in firsts[i + 1 :]]
     assert max(shared) <= 8 and sum(shared) / len(shared) < 5  # 2 expected by chance
     assert piece_order("node0", 128)(5) == piece_order("node0", 128)(5)  # stable
-
-
-def test_a_far_region_splits_the_artifact_so_each_piece_crosses_once() -> None:
-    """Each member of a region computes the same split from the addresses it sees (its
-    own and its near peers', in any order): the shares are disjoint and cover every
-    piece; a node alone owns everything."""
-    ips = ["10.0.0.12", "10.0.0.9", "10.0.0.10", "10.0.0.11"]
-    regions = [Region.of(ip, [other for other in ips if other != ip][::-1]) for ip in ips]
-    assert len({r.members for r in regions}) == 1
-    assert regions[0].members[0] == "10.0.0.9"  # by address, not as text
-    owners = [[r.owns(i) for r in regions].count(True) for i in range(128)]
-    assert owners == [1] * 128
-    assert all(Region.of("10.0.0.9", []).owns(i) for i in range(128))
-    # listening on every address, a node does not know the one its peers see: it owns
-    # everything (ranked first by 0.0.0.0, it would pull the first member's share too)
-    assert all(Region.of("0.0.0.0", ips).owns(i) for i in range(128))
-    # both families: apart, not a TypeError
-    mixed = Region.of("fd00::2", ["10.0.0.9", "fd00::1"])
-    assert mixed.members == ("10.0.0.9", "fd00::1", "fd00::2") and mixed.rank == 2
-
-
-def test_a_node_takes_its_share_then_the_others_after_a_grace() -> None:
-    """A session takes this node's share, less what a near peer holds; once the share
-    is all taken, nothing for SHARE_GRACE (the others bring theirs, and it comes over
-    the LAN), then whatever is still missing (a member that lags or failed)."""
-    region = Region.of("10.0.0.2", ["10.0.0.3"])  # rank 0 of 2: the even pieces
-    pool = list(range(8))
-    taken, done_at = region.candidates(pool, {2}, math.inf, now=10.0)
-    assert taken == [0, 4, 6] and done_at == math.inf
-    taken, done_at = region.candidates([1, 3, 5], set(), done_at, now=11.0)
-    assert taken == [] and done_at == 11.0
-    taken, done_at = region.candidates([1, 3, 5], set(), done_at, now=11.0 + SHARE_GRACE / 2)
-    assert taken == [] and done_at == 11.0
-    taken, _ = region.candidates([1, 3, 5], set(), done_at, now=11.0 + SHARE_GRACE)
-    assert taken == [1, 3, 5]
-    # a piece of its share back in the pool (a session failed): taken at once, and the
-    # grace starts over once the share is all taken again
-    taken, done_at = region.candidates([1, 2, 3], set(), done_at, now=11.0 + SHARE_GRACE)
-    assert taken == [2] and done_at == math.inf
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
