@@ -485,26 +485,39 @@ conn.recv(1)
 """
 
 
+def listen_then_send(
+    receiver: Host,
+    receive: Sequence[str],
+    sender: Host,
+    send: Sequence[str],
+    send_timeout: float,
+    receive_timeout: float,
+    what: str,
+) -> tuple[str, str]:
+    """Run the Python program ``receive`` (source, then its arguments) on ``receiver``;
+    once it prints ``listening``, run ``send`` on ``sender``. Returns both outputs
+    (receiver's, sender's); the receiver is stopped whatever happens. ``what`` names the
+    receiver in the error if it does not start."""
+    recv = receiver.popen([sys.executable, "-c", *receive], stdout=subprocess.PIPE, text=True)
+    try:
+        assert recv.stdout is not None
+        if recv.stdout.readline().strip() != "listening":
+            raise LabError(f"the {what} did not start")
+        sent = sender.run([sys.executable, "-c", *send], timeout=send_timeout)
+        out, _ = recv.communicate(timeout=receive_timeout)
+    finally:
+        kill_group(recv)
+    return out, sent.stdout
+
+
 def measure_tcp(
     sender: Host, receiver: Host, size: int = 20 << 20, port: int = 5999, timeout: float = 60.0
 ) -> float:
     """Send ``size`` bytes over one TCP connection; return the receiver's MB/s (1e6 B/s)."""
-    recv = receiver.popen(
-        [sys.executable, "-c", RECEIVER, receiver.ip, str(port), str(size), str(timeout)],
-        stdout=subprocess.PIPE,
-        text=True,
+    args = [receiver.ip, str(port), str(size), str(timeout)]
+    out, _ = listen_then_send(
+        receiver, [RECEIVER, *args], sender, [SENDER, *args], timeout, timeout, "TCP receiver"
     )
-    try:
-        assert recv.stdout is not None
-        if recv.stdout.readline().strip() != "listening":
-            raise LabError("the TCP receiver did not start")
-        sender.run(
-            [sys.executable, "-c", SENDER, receiver.ip, str(port), str(size), str(timeout)],
-            timeout=timeout,
-        )
-        out, _ = recv.communicate(timeout=timeout)
-    finally:
-        kill_group(recv)
     got, seconds = out.split()
     if int(got) != size:
         raise LabError(f"the receiver got {got} of {size} bytes")

@@ -6,12 +6,11 @@ namespaces, bounded in count and time."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 from typing import Any
 
-from swarm.lab.netlab import Host, Lab, LabError, kill_group
+from swarm.lab.netlab import Host, Lab, listen_then_send
 from swarm.lab.wan import Shape, split_regions, wanem_unavailable
 
 PING = """\
@@ -118,22 +117,15 @@ def udp_loss(
 ) -> dict[str, float]:
     """Send ``count`` numbered datagrams from ``src`` to ``dst`` at ``pps``; the fraction
     that did not arrive. ``pps * size`` must stay well under the link's rate."""
-    sink = dst.popen(
-        [sys.executable, "-c", UDP_SINK, dst.ip, str(port), "5"],
-        stdout=subprocess.PIPE,
-        text=True,
+    out, _ = listen_then_send(
+        dst,
+        [UDP_SINK, dst.ip, str(port), "5"],
+        src,
+        [UDP_SOURCE, dst.ip, str(port), str(count), str(pps), str(size)],
+        count / pps + 60,
+        30,
+        "UDP sink",
     )
-    try:
-        assert sink.stdout is not None
-        if sink.stdout.readline().strip() != "listening":
-            raise LabError("the UDP sink did not start")
-        src.run(
-            [sys.executable, "-c", UDP_SOURCE, dst.ip, str(port), str(count), str(pps), str(size)],
-            timeout=count / pps + 60,
-        )
-        out, _ = sink.communicate(timeout=30)
-    finally:
-        kill_group(sink)
     received = json.loads(out.strip().splitlines()[-1])["received"]
     return {"sent": count, "received": received, "loss": 1 - received / count}
 
@@ -199,33 +191,17 @@ def tcp_flow(
     """One TCP flow (``algorithm``, default buffers) from ``src`` to ``dst``; its rate over
     ``seconds`` after ``warmup`` seconds (from its first byte): ``{"mbit", "bytes",
     "seconds", "mss", "rtt_ms" (the sender's smoothed RTT), "total_retrans"}``."""
-    sink = dst.popen(
-        [sys.executable, "-c", TCP_SINK, dst.ip, str(port), str(seconds), str(warmup)],
-        stdout=subprocess.PIPE,
-        text=True,
+    out, sent = listen_then_send(
+        dst,
+        [TCP_SINK, dst.ip, str(port), str(seconds), str(warmup)],
+        src,
+        [TCP_SOURCE, dst.ip, str(port), str(seconds), algorithm, str(warmup)],
+        seconds + warmup + 60,
+        30,
+        "TCP sink",
     )
-    try:
-        assert sink.stdout is not None
-        if sink.stdout.readline().strip() != "listening":
-            raise LabError("the TCP sink did not start")
-        sent = src.run(
-            [
-                sys.executable,
-                "-c",
-                TCP_SOURCE,
-                dst.ip,
-                str(port),
-                str(seconds),
-                algorithm,
-                str(warmup),
-            ],
-            timeout=seconds + warmup + 60,
-        )
-        out, _ = sink.communicate(timeout=30)
-    finally:
-        kill_group(sink)
     result = json.loads(out.strip().splitlines()[-1])
-    result.update(json.loads(sent.stdout.strip().splitlines()[-1]))
+    result.update(json.loads(sent.strip().splitlines()[-1]))
     result["mbit"] = result["bytes"] * 8 / result["seconds"] / 1e6
     return result
 

@@ -261,15 +261,17 @@ def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
     with live_loopback_connection() as port:
         rtt = endpoint_round_trip(f"http://127.0.0.1:{port}/bucket")
     assert rtt is not None and rtt < NEAR_RTT
+    # Addresses nobody else connects to: the kernel's least round trip is per host, and
+    # other processes' connections to 127.0.0.1 would answer instead of the connects
+    listening, quiet = "127.61.73.88", "127.61.73.89"
+    assert listening not in kernel_min_rtts()  # so only the connects can answer
     with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
+        listener.bind((listening, 0))
         listener.listen(8)
         port = listener.getsockname()[1]
-        by_connects = endpoint_round_trip(f"http://127.0.0.1:{port}")
+        by_connects = endpoint_round_trip(f"http://{listening}:{port}")
     assert by_connects is not None and by_connects < NEAR_RTT
-    # bound, never listening: connects are refused. Not 127.0.0.1: the kernel's least
-    # round trip is per host, and other processes' connections to it would answer
-    quiet = "127.61.73.89"
+    # bound, never listening: connects are refused
     with socket.socket() as closed:
         closed.bind((quiet, 0))
         assert endpoint_round_trip(f"http://{quiet}:{closed.getsockname()[1]}") is None
