@@ -72,12 +72,16 @@ def check_dest(dest: Path, directory_ok: bool = False) -> None:
         )
 
 
-WRITE_SLICE = 256 << 10
-"""Bytes per ``pwrite``. On this lab's VMs (free-page reporting hands freed guest memory
-back to the host) a write of 512 KiB or more into fresh page cache cost 4-8x the CPU
-of the same bytes in 256 KiB writes: 1 MiB pieces from 8 S3 threads took 0.45 CPU-s per
-128 MiB, 0.14 in slices (s5cmd writes 32 KiB at a time). Four calls per MiB cost
-nothing elsewhere."""
+WRITE_SLICE = 32 << 10
+"""Bytes per ``pwrite``. The page cache takes a write in folios of about its size, and
+folios above 32 KiB (order 3, ``PAGE_ALLOC_COSTLY_ORDER``) skip the per-CPU page lists.
+On this lab's VMs (free-page reporting hands freed guest memory back to the host) that
+made large writes into fresh page cache cost several times the CPU of small ones.
+Measured here, 768 MiB from 8 threads in 1 MiB chunks (alternating runs, sys CPU-s):
+16 KiB writes 0.55-0.64, 32 KiB 0.45-0.54, 64 KiB 1.09-1.53, 128 KiB 1.34-1.58, 256 KiB
+0.35-1.37; 1 MiB writes cost 1.2-1.5 from one thread. In s3-fast, swarm-solo's nodes
+spent 8.1-8.4 CPU-s/GiB with 32 KiB writes against 9.6-11.2 with 256 KiB (s5cmd
+writes 32 KiB at a time). 32 calls per MiB cost nothing elsewhere."""
 
 
 def write_at(fd: int, data: bytes | memoryview, offset: int, path: Path) -> None:
