@@ -13,6 +13,7 @@ from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
 from swarm.sources.peers import TorrentSession
 from swarm.udp import FetchStats, fetch_pieces_sync
+from swarm.udp.client import DEFAULT_RATE_BPS
 
 SOURCE = "udp"
 """The name UDP bytes go under in ``bytes_by_source``."""
@@ -29,9 +30,11 @@ def pull_pieces(
     pieces: list[int],
     cancel: threading.Event,
     offer: Callable[[int, bytes | memoryview], bool] | None = None,
+    rate_bps: int = DEFAULT_RATE_BPS,
 ) -> FetchStats:
     """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink (or
-    through ``offer``, which hands them to the sink itself)."""
+    through ``offer``, which hands them to the sink itself), asking the sender for at
+    most ``rate_bps``."""
     manifest, sink = artifact.manifest, artifact.sink
     return fetch_pieces_sync(
         host,
@@ -43,6 +46,7 @@ def pull_pieces(
         piece_size=manifest.piece_size,
         piece_count=manifest.layout.count,
         cancel=cancel,
+        rate_bps=rate_bps,
     )
 
 

@@ -131,6 +131,22 @@ def test_far_tcp_is_far_peers_and_s3_not_the_regions_own_exchange(
     assert far.rate(1.0) == pytest.approx(3_500_000)
 
 
+@pytest.mark.parametrize(
+    ("delivered_bps", "ask"),
+    [
+        (None, None),  # nothing measured: the default ask
+        (0.0, None),
+        (40e6, 80_000_000),  # twice what the path delivered
+        (1e6, udpauto.MIN_ASK_BPS),  # never below the floor
+        (900e6, udpauto.DEFAULT_RATE_BPS),  # never above a 1 Gbit/s NIC
+    ],
+)
+def test_the_next_session_asks_for_twice_what_the_holder_delivered(
+    delivered_bps: float | None, ask: int | None
+) -> None:
+    assert udpauto.next_ask(delivered_bps) == ask
+
+
 def test_sessions_take_what_the_holder_has_in_this_nodes_order() -> None:
     by_index = int  # an order that is the pieces' own
     half = Holder("10.0.0.2", seed=False, pieces=[True] * 5 + [False] * 5)
