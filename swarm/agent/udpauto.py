@@ -60,7 +60,7 @@ MIN_ASK_BPS: Final = 8_000_000
 def next_ask(delivered_bps: float | None) -> int | None:
     """The rate (bit/s) the next session from a holder asks for: twice what the path
     delivered to this node's last (or still running) session from it, or None (ask the
-    default) when nothing was measured.
+    default) when nothing was measured (or the last session lost to TCP).
 
     The sender starts at an eighth of the ask and doubles until its first loss. Asking
     for a 1 Gbit/s NIC every time, far-region's sessions (four far nodes pulling from
@@ -181,9 +181,13 @@ def auto_udp(
                 return
             paid = lane.paid
             stats = lane.stats
-            ask = next_ask(lane.delivered_bps())
+            # A session that lost to TCP may have been slow for a passing reason; asking
+            # twice its rate would hold the next one near it, so it asks afresh.
+            ask = next_ask(lane.delivered_bps()) if lane.paid else None
             if ask is not None:
                 asks[lane.ip] = ask
+            else:
+                asks.pop(lane.ip, None)
             if stats is not None and stats.min_rtt is not None and stats.min_rtt < NEAR_RTT:
                 set_near(lane.ip, stats.min_rtt, "rtt")
                 paid = False
