@@ -73,10 +73,12 @@ def check_dest(dest: Path, directory_ok: bool = False) -> None:
 
 
 WRITE_SLICE = 32 << 10
-"""Bytes per ``pwrite``. The page cache takes a write in folios of about its size, and
-folios above 32 KiB (order 3, ``PAGE_ALLOC_COSTLY_ORDER``) skip the per-CPU page lists.
-On this lab's VMs (free-page reporting hands freed guest memory back to the host) that
-made large writes into fresh page cache cost several times the CPU of small ones.
+"""Bytes per ``pwrite``. On this lab's VMs (free-page reporting hands freed guest memory
+back to the host) writes above 32 KiB into fresh page cache cost up to several times the
+CPU of smaller ones. (A likely reason, not verified: the page cache allocates a folio of
+about the write's size, and folios above order 3, ``PAGE_ALLOC_COSTLY_ORDER``, do not
+come from the per-CPU page lists.)
+
 Measured here, 768 MiB from 8 threads in 1 MiB chunks (alternating runs, sys CPU-s):
 16 KiB writes 0.55-0.64, 32 KiB 0.45-0.54, 64 KiB 1.09-1.53, 128 KiB 1.34-1.58, 256 KiB
 0.35-1.37; 1 MiB writes cost 1.2-1.5 from one thread. In s3-fast, swarm-solo's nodes

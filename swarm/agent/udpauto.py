@@ -42,8 +42,7 @@ from swarm.agent.udpchoice import (
 )
 from swarm.agent.udpsource import SOURCE, pull_pieces
 from swarm.sources.peers import TorrentSession
-from swarm.udp import FetchStats, UdpAuthError, UdpError
-from swarm.udp.client import DEFAULT_RATE_BPS
+from swarm.udp import DEFAULT_RATE_BPS, FetchStats, UdpAuthError, UdpError
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ def auto_udp(
             stats = lane.stats
             # A session that lost to TCP may have been slow for a passing reason; asking
             # twice its rate would hold the next one near it, so it asks afresh.
-            ask = next_ask(lane.delivered_bps()) if lane.paid else None
+            ask = next_ask(lane.delivered_bps()) if paid else None
             if ask is not None:
                 asks[lane.ip] = ask
             else:
@@ -302,7 +301,7 @@ class _Lane:
         far_tcp: FarTcp,
         choice: UdpChoice,
         rtt: float,
-        rate_bps: int = DEFAULT_RATE_BPS,
+        rate_bps: int,
     ) -> None:
         self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
         self.rate_bps = rate_bps

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
 from swarm.sources.peers import TorrentSession
-from swarm.udp import FetchStats, fetch_pieces_sync
-from swarm.udp.client import DEFAULT_RATE_BPS
+from swarm.udp import DEFAULT_RATE_BPS, FetchStats, fetch_pieces_sync
 
 SOURCE = "udp"
 """The name UDP bytes go under in ``bytes_by_source``."""

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from swarm import config
-from swarm.cli.common import EXIT_HELP, parse_size, reports_errors
+from swarm import config, pieces
+from swarm.cli.common import EXIT_HELP, reports_errors
 
 
 @click.command(epilog=EXIT_HELP)
@@ -242,7 +242,7 @@ def _positive_size(value: str | None, flag: str) -> int | None:
     if value is None:
         return None
     try:
-        size = parse_size(value)
+        size = pieces.parse_size(value)  # not the click wrapper: the error names the flag
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint=flag) from error
     if size < 1:
