@@ -1,0 +1,53 @@
+"""The S3 source against a real S3 server (moto) on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import boto3
+
+from swarm.manifest import Manifest
+from swarm.sources.s3 import S3Source, S3SourceConfig
+from tests.conftest import make_artifact
+
+PIECE = 256 << 10
+
+
+class RacingSink:
+    """Keeps what S3 offers; once piece ``trigger`` is in, pieces ``others`` count as
+    brought by another source (a peer, UDP) while the GET still runs."""
+
+    def __init__(self, manifest: Manifest, trigger: int, others: set[int]) -> None:
+        self.hashes = manifest.piece_hashes
+        self.trigger, self.others = trigger, others
+        self.held: set[int] = set()
+        self.offered: list[int] = []
+
+    def have(self, index: int) -> bool:
+        return index in self.held
+
+    def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
+        self.offered.append(index)
+        if hashlib.sha1(data).digest() != self.hashes[index]:
+            return False
+        self.held.add(index)
+        if index == self.trigger:
+            self.held |= self.others
+        return True
+
+
+def test_a_get_stops_at_a_piece_another_source_brought(env, bucket, tmp_path):
+    """One 8-piece range: pieces 1-3 arrive from elsewhere once piece 0 is read. The GET
+    stops there instead of reading them, and the rest comes by a GET of its own."""
+    src = make_artifact(tmp_path / "a.bin", 8 * PIECE)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket=bucket, key="a.bin", web_seed=None
+    )
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.put_object(Bucket=bucket, Key="a.bin", Body=src.read_bytes())
+    sink = RacingSink(manifest, trigger=0, others={1, 2, 3})
+    config = S3SourceConfig(concurrency=1, range_size=8 * PIECE)
+    S3Source(client, manifest, sink, threading.Event(), config).fetch(range(8))
+    assert sink.offered == [0, 4, 5, 6, 7]
+    assert sink.held == set(range(8))
