@@ -37,7 +37,7 @@ from swarm.agent.udpchoice import (
     batch_pieces,
     best_holder,
     held_nearby,
-    piece_order,
+    region_order,
     udp_wanted,
 )
 from swarm.agent.udpsource import SOURCE, pull_pieces
@@ -85,6 +85,13 @@ def holders_of(handle: Any, own_ip: str) -> list[Holder]:
         if seed or any(peer.pieces):
             found.append(Holder(ip, seed, peer.pieces))
     return found
+
+
+def near_peers(handle: Any, own_ip: str, rtts: dict[str, float]) -> list[str]:
+    """The torrent's connected peers in this node's region (kernel round trip under
+    :data:`NEAR_RTT`), holders or not: the nodes that share its UDP pulls."""
+    ips = {peer.ip[0] for peer in handle.get_peer_info()} - {own_ip}
+    return [ip for ip in ips if rtts.get(ip, math.inf) < NEAR_RTT]
 
 
 class FarTcp:
@@ -160,7 +167,6 @@ def auto_udp(
             log.info("udp: S3 is near (%.1f ms): TCP's, no UDP for this fetch", s3_rtt * 1e3)
             return
         choice = UdpChoice(time.monotonic())
-        order = piece_order(node_id, manifest.layout.count)
         far_tcp = FarTcp(handle, lambda: sink.bytes_by_source.get("s3", 0))
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
@@ -232,7 +238,7 @@ def auto_udp(
                     holder,
                     in_flight(),
                     max(1, want // manifest.piece_size),
-                    order,
+                    region_order(own_ip, near_peers(handle, own_ip, rtts), manifest.layout.count),
                     held_nearby(everyone, near_ips.__contains__),
                 )
                 if holder is not None

@@ -26,6 +26,13 @@ START_FRACTION: Final = 0.125
 """The first rate is this fraction of the target, then doubles per clean report until the
 first cut. Tsunami starts at the target; starting lower keeps a blast far above the
 bottleneck from filling its queue (and every other flow's) before the first report."""
+START_MAX_BPS: Final = 32_000_000
+"""Nor above this: a session that asks for a 1 Gbit/s NIC (the first from a holder: nothing
+measured yet) would start at 125 Mbit/s. Four such sessions into a seeder's 50 Mbit/s
+uplink (far-region at a quarter of its rates) lost 60-90% of their datagrams, cut and cut
+again while the others' overshoot still filled the queue, and ended at 2-7 Mbit/s, below
+TCP's rate: each lost, and its holder waited 5-10 s. From 32 Mbit/s a fast path costs one
+round trip more of slow start."""
 BURST_SECONDS: Final = 0.02
 """Token-bucket depth of the pacer in seconds at the current rate (at least 2 datagrams).
 An event loop wakes every ~1 ms at best; on a busy host a wake can be 10 ms late, and the
@@ -33,6 +40,12 @@ tokens a too-shallow bucket drops are rate never sent: on the shared 2-core lab 
 (bench/udp.py, 0 ms, 500 Mbit) the emulated link idled 21% of the transfer with a 4 ms
 bucket, 7% with 20 ms. A burst is at most 20 ms of the rate, which a WAN bottleneck's
 buffer (tens of ms) absorbs."""
+
+
+def start_rate(target: float) -> float:
+    """A session's first rate (bit/s): :data:`START_FRACTION` of its target, at most
+    :data:`START_MAX_BPS`, at least :data:`MIN_RATE_BPS`."""
+    return max(float(MIN_RATE_BPS), min(target * START_FRACTION, float(START_MAX_BPS)))
 
 
 def adapt_rate(

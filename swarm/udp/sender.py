@@ -29,7 +29,7 @@ from swarm.udp.events import (
     RequestReceived,
     TransferDone,
 )
-from swarm.udp.rate import MIN_LOSS_SAMPLE, MIN_RATE_BPS, START_FRACTION, Pacer, adapt_rate
+from swarm.udp.rate import MIN_LOSS_SAMPLE, MIN_RATE_BPS, Pacer, adapt_rate, start_rate
 from swarm.udp.wire import (
     ACCEPT,
     BYE,
@@ -297,7 +297,7 @@ class ServerSession:
         self._requested_rate = float(max(MIN_RATE_BPS, rate_bps))
         self._target = min(self._requested_rate, self.rate_cap)
         wire = block_size + DGRAM_OVERHEAD
-        self._pacer = Pacer(max(float(MIN_RATE_BPS), self._target * START_FRACTION), 2 * wire)
+        self._pacer = Pacer(start_rate(self._target), 2 * wire)
         self._slow_start = True
         self._grow_seq = 0
         body = ACCEPT.pack(

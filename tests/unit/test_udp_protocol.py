@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from swarm.udp import protocol as p
 from swarm.udp import wire
+from swarm.udp.rate import start_rate
 
 SECRET = b"fleet-secret-for-tests-0123456789"
 HASH_HEX = "ab" * 20
@@ -585,6 +586,12 @@ def test_adapt_rate_rule() -> None:
     assert p.adapt_rate(1.2e6, target, 100, 0) == (p.MIN_RATE_BPS, True)
     # More received than expected (duplicates, reordering): treated as no loss.
     assert p.adapt_rate(100e6, target, 10, 12)[1] is False
+
+
+def test_a_session_starts_at_an_eighth_of_its_target_and_at_most_32_mbit() -> None:
+    assert start_rate(80e6) == pytest.approx(10e6)  # a measured path's ask: an eighth
+    assert start_rate(1e9) == 32e6  # nothing measured (a NIC's worth): not 125 Mbit/s
+    assert start_rate(2e6) == p.MIN_RATE_BPS
 
 
 def test_block_plan_numbers_blocks_in_request_order() -> None:

@@ -28,7 +28,7 @@ from swarm.agent.udpchoice import (
     UdpChoice,
     batch_pieces,
     best_holder,
-    piece_order,
+    region_order,
     udp_wanted,
 )
 
@@ -155,25 +155,42 @@ def test_sessions_take_what_the_holder_has_in_this_nodes_order() -> None:
     seed = Holder("10.0.0.3", seed=True, pieces=[True] * 10)
     backwards = lambda i: -i  # noqa: E731
     assert batch_pieces(missing, seed, in_flight={9}, count=2, order=backwards) == [8, 7]
-    # what a near peer holds comes after the rest, what libtorrent is downloading last
+    # what a near peer holds is the region's exchange; what libtorrent downloads comes last
     got = batch_pieces(
-        missing, half, in_flight={4}, count=5, order=by_index, nearby=frozenset({0, 1})
+        missing, half, in_flight={2, 4}, count=5, order=by_index, nearby=frozenset({0, 1, 4})
     )
-    assert got == [2, 3, 0, 1, 4]
+    assert got == [3, 2]
 
 
-def test_each_node_has_its_own_order_so_far_nodes_pull_different_pieces() -> None:
-    """Two nodes' first sessions share few pieces (each piece crosses the WAN about once);
-    runs down from two stripe offsets overlapped whenever the offsets were close."""
+def test_a_region_deals_the_pieces_so_its_first_sessions_are_disjoint() -> None:
+    """Four far nodes that see each other near: each piece has one owner, each node's
+    share comes first in its sessions, and the first sessions share no piece."""
+    ips = [f"10.0.1.{n}" for n in range(4)]
+    orders = [region_order(ip, [o for o in ips if o != ip], 128) for ip in ips]
+    owners = [[n for n, key in enumerate(orders) if key(i)[0] == 0] for i in range(128)]
+    assert all(len(o) == 1 for o in owners)
+    assert all(20 <= sum(1 for o in owners if o == [n]) <= 44 for n in range(4))
     seed = Holder("10.0.0.3", seed=True, pieces=[True] * 128)
-    missing = list(range(128))
-    firsts = [
-        set(batch_pieces(missing, seed, set(), 16, piece_order(f"node{n}", 128))) for n in range(4)
-    ]
+    firsts = [set(batch_pieces(list(range(128)), seed, set(), 16, key)) for key in orders]
     assert all(len(f) == 16 for f in firsts)
-    shared = [len(a & b) for i, a in enumerate(firsts) for b in firsts[i + 1 :]]
-    assert max(shared) <= 8 and sum(shared) / len(shared) < 5  # 2 expected by chance
-    assert piece_order("node0", 128)(5) == piece_order("node0", 128)(5)  # stable
+    assert all(not (a & b) for i, a in enumerate(firsts) for b in firsts[i + 1 :])
+    assert region_order(ips[0], ips[1:], 128)(5) == orders[0](5)  # stable
+
+
+def test_a_node_helps_with_the_others_shares_from_their_far_end() -> None:
+    """After its own share, a node takes an owner's pieces in the reverse of the order
+    the owner pulls them in: a late owner is helped, and the two meet in the middle."""
+    a, b = "10.0.1.1", "10.0.1.2"
+    seed = Holder("10.0.0.3", seed=True, pieces=[True] * 64)
+    of_a, of_b = region_order(a, [b], 64), region_order(b, [a], 64)
+    b_share = [i for i in range(64) if of_b(i)[0] == 0]
+    b_pulls = batch_pieces(b_share, seed, set(), 64, of_b)  # b's own, first to last
+    a_helps = batch_pieces(b_share, seed, set(), 64, of_a)  # a's help with b's share
+    assert a_helps == b_pulls[::-1]
+    # alone, a node owns every piece; a member more only takes pieces from a share
+    assert all(region_order(a, [], 64)(i)[0] == 0 for i in range(64))
+    three = region_order(a, [b, "10.0.1.3"], 64)
+    assert all(of_a(i)[0] == 0 for i in range(64) if three(i)[0] == 0)
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
