@@ -51,3 +51,36 @@ def test_a_get_stops_at_a_piece_another_source_brought(env, bucket, tmp_path):
     S3Source(client, manifest, sink, threading.Event(), config).fetch(range(8))
     assert sink.offered == [0, 4, 5, 6, 7]
     assert sink.held == set(range(8))
+
+
+class LateSink(RacingSink):
+    """Piece ``index`` counts as brought by another source from the ``nth`` check on."""
+
+    def __init__(self, manifest: Manifest, index: int, nth: int) -> None:
+        super().__init__(manifest, trigger=-1, others=set())
+        self.index, self.nth, self.checks = index, nth, 0
+
+    def have(self, index: int) -> bool:
+        if index == self.index:
+            self.checks += 1
+            if self.checks == self.nth:
+                self.held.add(index)
+        return index in self.held
+
+
+def test_a_get_gives_up_a_piece_another_source_brought_while_it_was_read(env, bucket, tmp_path):
+    """1 MiB pieces are read a quarter at a time: piece 1 arrives from elsewhere after
+    its first quarter was read, and the rest of it is not."""
+    piece = 1 << 20
+    src = make_artifact(tmp_path / "b.bin", 4 * piece)
+    manifest = Manifest.from_file(
+        src, name="b.bin", piece_size=piece, bucket=bucket, key="b.bin", web_seed=None
+    )
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.put_object(Bucket=bucket, Key="b.bin", Body=src.read_bytes())
+    # checks of piece 1: choosing the range, before its first quarter, before its second
+    sink = LateSink(manifest, index=1, nth=3)
+    config = S3SourceConfig(concurrency=1, range_size=4 * piece)
+    S3Source(client, manifest, sink, threading.Event(), config).fetch(range(4))
+    assert sink.offered == [0, 2, 3]
+    assert sink.checks >= 3 and sink.held == {0, 1, 2, 3}
