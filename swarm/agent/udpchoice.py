@@ -7,11 +7,11 @@ choices, pure (time and rates are passed in). :mod:`.udpauto` moves the bytes.
   next (:data:`MAX_LANES`), each for pieces that holder has, :data:`SESSION_SECONDS` of
   UDP's last rate at a time. A session is long because each costs a few round trips
   (handshake, tail); batches of 4 MiB measured a fifth of UDP's rate on a 100 ms path.
-- After :data:`PROBE_SECONDS`, a session goes on while UDP delivers :data:`UDP_BETTER`
-  times what TCP brings from far (far peers and S3: not the region's own exchange) over
-  the last :data:`RATE_WINDOW`, or while it is in its tail (:data:`TAIL_SHARE`); when it
-  loses (TCP caught up, or the holder is slow) it stops, and its holder waits twice as
-  long as the last (:data:`PROBE_BACKOFF` to :data:`PROBE_BACKOFF_CAP`).
+- After :data:`PROBE_SECONDS`, a session goes on while it delivers :data:`UDP_BETTER`
+  times what TCP brings from the same holder over the last :data:`RATE_WINDOW`, or while
+  it is in its tail (:data:`TAIL_SHARE`); when it loses (TCP caught up, or the holder is
+  slow) it stops, and its holder waits twice as long as the last (:data:`PROBE_BACKOFF`
+  to :data:`PROBE_BACKOFF_CAP`).
 - A session takes missing pieces that the holder has in the region's order
   (:func:`region_order`): first those no near peer holds and libtorrent is not
   downloading, this node's share of them before the others', so the nodes of one region

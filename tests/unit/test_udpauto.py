@@ -14,7 +14,6 @@ import pytest
 from swarm.agent import rtt as rtt_module
 from swarm.agent import udpauto
 from swarm.agent.rtt import connect_rtt, endpoint_round_trip, handshake_rtt, kernel_min_rtts
-from swarm.agent.udpauto import FarTcp
 from swarm.agent.udpchoice import (
     HOLDER_WAIT,
     NEAR_RTT,
@@ -115,20 +114,13 @@ class _Handle:
         return self.peers
 
 
-def test_far_tcp_is_far_peers_and_s3_not_the_regions_own_exchange(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """What UDP competes with: far peers (the kernel's RTT >= NEAR_RTT) and S3, not the
-    near peers passing on what crossed the WAN; a peer with no kernel RTT counts as far."""
-    rtts = {"10.0.0.2": 0.0004, "10.0.0.3": 0.1}
-    monkeypatch.setattr(udpauto, "kernel_min_rtts", lambda: rtts)
+def test_a_session_competes_with_tcp_from_its_own_holder() -> None:
+    """Not with S3 nor other holders (other paths: what they bring adds to UDP's); every
+    connection to the holder counts."""
     handle = _Handle([_Peer("10.0.0.2", 20_000_000), _Peer("10.0.0.3", 1_000_000),
-                      _Peer("10.0.0.9", 500_000)])  # fmt: skip
-    s3 = [0]
-    far = FarTcp(handle, lambda: s3[0])
-    assert far.rate(0.0) == 1_500_000  # no S3 rate before half a second
-    s3[0] = 2_000_000
-    assert far.rate(1.0) == pytest.approx(3_500_000)
+                      _Peer("10.0.0.3", 500_000)])  # fmt: skip
+    assert udpauto.tcp_rate_from(handle, "10.0.0.3") == 1_500_000
+    assert udpauto.tcp_rate_from(handle, "10.0.0.9") == 0.0
 
 
 @pytest.mark.parametrize(
