@@ -8,20 +8,18 @@ import math
 import re
 import shutil
 import socket
-import struct
 import subprocess
 import time
 from typing import Final
 from urllib.parse import urlsplit
+
+from swarm.udp.datapath import handshake_rtt
 
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""
 
 SS = shutil.which("ss") or "/usr/bin/ss"
 """iproute2's socket statistics: the kernel's own view of this node's TCP connections."""
-
-TCP_INFO_RTT_OFFSET: Final = 68
-"""Offset of ``tcpi_rtt`` (microseconds, u32) in Linux's ``struct tcp_info``."""
 
 
 def kernel_min_rtts() -> dict[str, float]:
@@ -75,18 +73,6 @@ def endpoint_round_trip(url: str | None) -> float | None:
     rtts = kernel_min_rtts()
     found = [rtts[ip] for ip in {_address(f"{info[4][0]}:0") for info in infos} if ip in rtts]
     return min(found) if found else connect_rtt(parts.hostname, port)
-
-
-def handshake_rtt(sock: socket.socket) -> float | None:
-    """The kernel's round-trip estimate of a just-connected TCP socket (seconds): its
-    SYN to SYN-ACK time, stamped by the kernel, so a busy node's late wake-up is not in
-    it. None where the platform has no ``TCP_INFO``."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-        (micros,) = struct.unpack_from("I", info, TCP_INFO_RTT_OFFSET)
-    except (AttributeError, OSError, struct.error):
-        return None
-    return micros / 1e6 if micros > 0 else None
 
 
 def connect_rtt(

@@ -286,10 +286,12 @@ class ServerSession:
         unavailable: Iterable[int],
         rate_bps: int,
         block_size: int,
+        path_rtt: float | None = None,
     ) -> None:
         """Answer the request: send ``pieces`` (those we have, in request order) in blocks
         of ``block_size`` (at most what the client asked for, at most what our path MTU
-        allows: the edge decides)."""
+        allows: the edge decides), starting at :func:`~swarm.udp.rate.start_rate` for the
+        control connection's round trip ``path_rtt`` (seconds, if the edge knows it)."""
         if self.state is not ServerState.DECIDING:
             raise LocalProtocolError(f"accept() in state {self.state.value}")
         missing = tuple(unavailable)
@@ -297,7 +299,7 @@ class ServerSession:
         self._requested_rate = float(max(MIN_RATE_BPS, rate_bps))
         self._target = min(self._requested_rate, self.rate_cap)
         wire = block_size + DGRAM_OVERHEAD
-        self._pacer = Pacer(start_rate(self._target), 2 * wire)
+        self._pacer = Pacer(start_rate(self._target, path_rtt), 2 * wire)
         self._slow_start = True
         self._grow_seq = 0
         body = ACCEPT.pack(

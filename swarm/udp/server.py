@@ -36,6 +36,7 @@ from swarm.udp.datapath import (
     RECV_BUDGET,
     SOCKET_BUFFER,
     DataSocket,
+    handshake_rtt,
     route_mtu,
     tune_buffers,
 )
@@ -215,8 +216,9 @@ class _Conn:
             # Our route to the client may have a smaller MTU than its route to us.
             block = min(block, p.block_size_for_mtu(mtu, self.family == socket.AF_INET6))
         session.accept(
-            artifact.piece_size, artifact.total_size, have, gone, request.rate_bps, block
-        )
+            artifact.piece_size, artifact.total_size, have, gone, request.rate_bps, block,
+            path_rtt=handshake_rtt(self.writer.get_extra_info("socket")),
+        )  # fmt: skip
         server._sending.add(self)
         server._share_cap()
 

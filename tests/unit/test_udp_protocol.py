@@ -588,10 +588,12 @@ def test_adapt_rate_rule() -> None:
     assert p.adapt_rate(100e6, target, 10, 12)[1] is False
 
 
-def test_a_session_starts_at_an_eighth_of_its_target_and_at_most_32_mbit() -> None:
-    assert start_rate(80e6) == pytest.approx(10e6)  # a measured path's ask: an eighth
-    assert start_rate(1e9) == 32e6  # nothing measured (a NIC's worth): not 125 Mbit/s
-    assert start_rate(2e6) == p.MIN_RATE_BPS
+def test_a_session_starts_at_an_eighth_of_its_target_and_a_window_per_round_trip() -> None:
+    assert start_rate(80e6, 0.1) == pytest.approx(10e6)  # a measured path's ask: an eighth
+    assert start_rate(1e9, 0.1) == pytest.approx(32e6)  # a NIC's worth 100 ms away
+    assert start_rate(1e9, 0.0005) == pytest.approx(125e6)  # on a LAN the eighth
+    assert start_rate(1e9) == pytest.approx(125e6)  # round trip unknown
+    assert start_rate(2e6, 0.1) == p.MIN_RATE_BPS
 
 
 def test_block_plan_numbers_blocks_in_request_order() -> None:
