@@ -202,8 +202,8 @@ def batch_pieces(
 
     What a near peer holds is left to the region's exchange: far-region's nodes held
     every piece among them 4-5 s before the last was done, while sessions still pulled
-    such pieces across the WAN and their datagrams shared each node's downlink with the
-    exchange (which TCP gives way to)."""
+    such pieces across the WAN, on the downlink the exchange needs (measured only
+    together with :func:`region_order`)."""
     held = [
         i
         for i in sorted(missing, key=order)
