@@ -67,12 +67,13 @@ def next_ask(delivered_bps: float | None) -> int | None:
     return int(min(DEFAULT_RATE_BPS, max(MIN_ASK_BPS, ASK_HEADROOM * delivered_bps)))
 
 
-def holders_of(handle: Any, own_ip: str) -> list[Holder]:
-    """The torrent's connected peers that hold pieces, from libtorrent. Peers on this
+def holders_of(peers: list[Any], own_ip: str) -> list[Holder]:
+    """Of the torrent's connected peers (libtorrent's ``get_peer_info``), those that hold
+    pieces. Peers on this
     node's address or on loopback are left out: daemons sharing an address (tests, one
     host) serve UDP on ports of their own, and ``port`` would be this node's server."""
     found = []
-    for peer in handle.get_peer_info():
+    for peer in peers:
         ip = peer.ip[0]
         if ip == own_ip or ipaddress.ip_address(ip).is_loopback:
             continue
@@ -82,10 +83,11 @@ def holders_of(handle: Any, own_ip: str) -> list[Holder]:
     return found
 
 
-def near_peers(handle: Any, own_ip: str, rtts: dict[str, float]) -> list[str]:
-    """The torrent's connected peers in this node's region (kernel round trip under
-    :data:`NEAR_RTT`), holders or not: the nodes that share its UDP pulls."""
-    ips = {peer.ip[0] for peer in handle.get_peer_info()} - {own_ip}
+def near_peers(peers: list[Any], own_ip: str, rtts: dict[str, float]) -> list[str]:
+    """Of the torrent's connected peers (libtorrent's ``get_peer_info``), those in this
+    node's region (kernel round trip under :data:`NEAR_RTT`), holders or not: the nodes
+    that share its UDP pulls."""
+    ips = {peer.ip[0] for peer in peers} - {own_ip}
     return [ip for ip in ips if rtts.get(ip, math.inf) < NEAR_RTT]
 
 
@@ -95,7 +97,7 @@ def tcp_rate_from(handle: Any, ip: str) -> float:
     are other paths, and what they bring adds to a session's instead of replacing it (at a
     quarter of far-region's rates, S3's eight flows across the WAN made 2-3 MB/s, twice a
     session's share of a seeder's uplink; sessions judged against them stopped, their
-    holders waited 5-10 s, and UDP carried 17% of the bytes against 26-32%)."""
+    holders waited 5-10 s, and UDP carried 16-20% of the bytes against 30-34%)."""
     return float(sum(p.payload_down_speed for p in handle.get_peer_info() if p.ip[0] == ip))
 
 
@@ -195,7 +197,8 @@ def auto_udp(
                 wait = choice.next_try_at - now if not lanes else 0.25
                 artifact.cancel.wait(min(0.5, max(0.05, wait)))
                 continue
-            everyone = holders_of(handle, own_ip)
+            peers = handle.get_peer_info()  # once a look: a Python object per peer
+            everyone = holders_of(peers, own_ip)
             holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in busy]
             rtts = kernel_min_rtts() if holders else {}
             for h in holders:  # near holders are TCP's, whichever is best
@@ -211,7 +214,7 @@ def auto_udp(
                     holder,
                     in_flight(),
                     max(1, want // manifest.piece_size),
-                    region_order(own_ip, near_peers(handle, own_ip, rtts), manifest.layout.count),
+                    region_order(own_ip, near_peers(peers, own_ip, rtts), manifest.layout.count),
                     held_nearby(everyone, near_ips.__contains__),
                 )
                 if holder is not None

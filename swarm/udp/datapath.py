@@ -236,9 +236,10 @@ TCP_INFO_RTT_OFFSET: Final = 68
 
 
 def handshake_rtt(sock: socket.socket) -> float | None:
-    """The kernel's round-trip estimate of a just-connected TCP socket (seconds): its
-    SYN to SYN-ACK time, stamped by the kernel, so a busy node's late wake-up is not in
-    it. None where the platform has no ``TCP_INFO``."""
+    """The kernel's round-trip estimate of a TCP socket (seconds), stamped by the kernel,
+    so a busy node's late wake-up is not in it: on a just-connected socket its SYN to
+    SYN-ACK time, on an accepted one with a request read its smoothed estimate since.
+    None where the platform has no ``TCP_INFO``."""
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         (micros,) = struct.unpack_from("I", info, TCP_INFO_RTT_OFFSET)
