@@ -31,6 +31,10 @@ REPAIR_ROUNDS = 3
 """Whole-file checks of a fetch whose own S3 writes failed it (each round reads the
 pieces that fail their SHA-1 again)."""
 
+CANCEL_POLL = 0.25
+"""Seconds between looks at the cancel flag while a fetch waits for its last pieces (an
+arriving piece wakes it at once)."""
+
 
 class Completion:
     """The daemon's finishing of its artifacts. ``extra_peers``: the peers to connect a
@@ -72,6 +76,10 @@ class Completion:
         def held() -> set[int]:
             return artifact.direct.held() if artifact.direct is not None else state.held
 
+        def hashed() -> None:
+            if artifact.direct is not None:  # the S3 reader writes the file: make it durable
+                artifact.direct.write_back()
+
         kind = treefs.TreeFinisher if artifact.manifest.is_tree else finisher.Finisher
         return kind(
             self.session,
@@ -80,6 +88,7 @@ class Completion:
             artifact.cancel,
             held,
             on_stuck=functools.partial(self._repair, artifact),
+            on_hashed=hashed,
         )
 
     def _repair(self, artifact: Artifact, pieces: list[int]) -> None:
@@ -130,9 +139,13 @@ class Completion:
         state = self.session.torrents[artifact.info_hash]
         try:
             for _ in range(REPAIR_ROUNDS):
-                while not (state.finished.is_set() or artifact.complete_on_disk()):
-                    if artifact.cancel.wait(0.25):
+                while True:
+                    seen = state.arrivals
+                    if state.finished.is_set() or artifact.complete_on_disk():
+                        break
+                    if artifact.cancel.is_set():
                         return
+                    state.wait_arrival(seen, CANCEL_POLL)
                 fin = artifact.finisher
                 assert fin is not None
                 try:

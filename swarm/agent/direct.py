@@ -31,6 +31,8 @@ class DirectSink:
         self.layout = torrent.manifest.layout
         self.written: set[int] = set()
         self._lock = threading.Lock()
+        self._fd_lock = threading.Lock()
+        """Held while the file is synced or closed (not while pieces are written)."""
         # Sparse, like libtorrent's file (see TorrentSession.add): the daemon checked the
         # free space before the fetch, and a disk that fills meanwhile fails in write_at.
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -77,6 +79,7 @@ class DirectSink:
             self.torrent.bytes_by_source[source] = (
                 self.torrent.bytes_by_source.get(source, 0) + length
             )
+        self.torrent.state.note_arrival()
         return True
 
     def drop_bad(self) -> int:
@@ -93,8 +96,17 @@ class DirectSink:
             self.torrent.hash_failures += len(bad)
         return len(bad)
 
+    def write_back(self) -> None:
+        """Start the file's dirty pages on their way to disk and wait for them (the
+        hasher calls it after each extent it hashed): :meth:`close`'s fsync then has
+        only the last extent left, not the whole file (76 ms for 128 MiB here)."""
+        with self._fd_lock:  # not _lock: the readers' offers go on meanwhile
+            if self._fd >= 0:
+                os.fdatasync(self._fd)
+
     def close(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = -1

@@ -47,6 +47,10 @@ STUCK_POLL = 2.0
 """Seconds between looks at libtorrent's download queue for stuck pieces (see
 :mod:`.stuck`), once the hash has waited ``STUCK_AFTER`` for its next piece."""
 
+CANCEL_POLL = 0.05
+"""Seconds between looks at the cancel flag while the hash waits for pieces (an arriving
+piece wakes it at once)."""
+
 READ_CHUNK = 16 << 20
 """Bytes read back and hashed at once (one reused buffer: no allocation per read)."""
 
@@ -66,6 +70,7 @@ class Finisher:
         cancel: threading.Event,
         held: Callable[[], Collection[int]] | None = None,
         on_stuck: Callable[[list[int]], None] | None = None,
+        on_hashed: Callable[[], None] | None = None,
     ) -> None:
         self.session = session
         self.manifest = manifest
@@ -76,6 +81,8 @@ class Finisher:
         """Pieces in the file: libtorrent's, plus the S3 reader's own (``DirectSink``)."""
         self.on_stuck = on_stuck
         """Told of pieces libtorrent will never keep (:mod:`.stuck`): the daemon repairs them."""
+        self.on_hashed = on_hashed
+        """Called (on the hasher's thread) after each extent is hashed."""
         self._stuck = StuckPieces()
         self._stuck_polled = -math.inf
         self.hashed_pieces = 0
@@ -117,10 +124,12 @@ class Finisher:
             index = 0
             waiting_since, told = time.monotonic(), False
             while index < count:
+                seen = self.state.arrivals
                 end = self._held_prefix_end(index)
                 if end < count and end - index < per_extent:
-                    if self.cancel.wait(0.05):
+                    if self.cancel.is_set():
                         raise SwarmError("swarm: the fetch was cancelled")
+                    self.state.wait_arrival(seen, CANCEL_POLL)
                     waited = time.monotonic() - waiting_since
                     if not told and waited > SLOW_PIECE_LOG:
                         told = True  # a fetch that stalls here says where it stands
@@ -147,6 +156,8 @@ class Finisher:
                     offset += got
                 index = end
                 self.hashed_pieces = index
+                if self.on_hashed is not None:
+                    self.on_hashed()
         finally:
             if fd >= 0:
                 os.close(fd)

@@ -178,8 +178,25 @@ class TorrentState:
     update): asking the handle (``have_piece``) is a round trip to libtorrent's network
     thread, and the S3 and UDP sources ask it for every piece they consider."""
 
+    arrivals: int = 0
+    """Pieces stored so far, by libtorrent or by the S3 reader writing the file itself
+    (:meth:`note_arrival`), and the torrent's finish: what the hasher and the end of a
+    fetch wait on (polling cost the end of every fetch 0.15 s on average)."""
+    arrived: threading.Condition = field(default_factory=threading.Condition)
+
     def has(self, index: int) -> bool:
         return index in self.held
+
+    def note_arrival(self) -> None:
+        """A piece was stored (or the torrent finished): wake whoever waits on it."""
+        with self.arrived:
+            self.arrivals += 1
+            self.arrived.notify_all()
+
+    def wait_arrival(self, seen: int, timeout: float) -> None:
+        """Return once more than ``seen`` arrivals were noted, or after ``timeout``."""
+        with self.arrived:
+            self.arrived.wait_for(lambda: self.arrivals != seen, timeout)
 
 
 class TorrentSession:
@@ -446,6 +463,7 @@ class TorrentSession:
             if state:
                 if isinstance(alert, lt.piece_finished_alert):
                     state.held.add(alert.piece_index)
+                    state.note_arrival()
                 with self._lock:
                     future = state.pending.pop(alert.piece_index, None)
                 if future and not future.done():
@@ -475,6 +493,7 @@ class TorrentSession:
                 if state.finishing and not state.finished.is_set():
                     state.status = state.handle.status()  # final counters, not 0.5 s old ones
                     state.finished.set()
+                    state.note_arrival()
                     self.save_resume(state.info_hash)
             return
         if isinstance(alert, lt.file_renamed_alert | lt.file_rename_failed_alert):

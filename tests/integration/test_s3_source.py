@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 
 import boto3
@@ -84,3 +85,23 @@ def test_a_get_gives_up_a_piece_another_source_brought_while_it_was_read(env, bu
     S3Source(client, manifest, sink, threading.Event(), config).fetch(range(4))
     assert sink.offered == [0, 2, 3]
     assert sink.checks >= 3 and sink.held == {0, 1, 2, 3}
+
+
+def test_gets_read_to_their_end_reuse_one_connection(env, bucket, tmp_path, caplog):
+    """Bodies are read past urllib3 (straight from http.client); a body read to its end
+    still gives its connection back to the pool, so four GETs in a row open at most one
+    (each used to open its own: a TCP handshake and slow start, in AWS a TLS handshake)."""
+    src = make_artifact(tmp_path / "c.bin", 8 * PIECE)
+    manifest = Manifest.from_file(
+        src, name="c.bin", piece_size=PIECE, bucket=bucket, key="c.bin", web_seed=None
+    )
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.put_object(Bucket=bucket, Key="c.bin", Body=src.read_bytes())
+    sink = RacingSink(manifest, trigger=-1, others=set())
+    config = S3SourceConfig(concurrency=1, range_size=2 * PIECE)
+    caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
+    S3Source(client, manifest, sink, threading.Event(), config).fetch(range(8))
+    gets = [r for r in caplog.records if "GET /" in r.getMessage()]
+    opened = [r for r in caplog.records if "Starting new HTTP" in r.getMessage()]
+    assert len(gets) == 4 and sink.held == set(range(8))
+    assert len(opened) <= 1
