@@ -13,6 +13,7 @@ Pieces that peers deliver meanwhile still land through libtorrent, in the same f
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.store import write_at
+from swarm.errors import NoSpaceError, SwarmError
 
 
 class DirectSink:
@@ -102,7 +104,17 @@ class DirectSink:
         only the last extent left, not the whole file (76 ms for 128 MiB here)."""
         with self._fd_lock:  # not _lock: the readers' offers go on meanwhile
             if self._fd >= 0:
-                os.fdatasync(self._fd)
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as error:  # delayed allocation on the sparse file: ENOSPC
+                    if error.errno == errno.ENOSPC:
+                        raise NoSpaceError(
+                            f"swarm: no space left writing {self.path} (ENOSPC); free space "
+                            "and rerun: the fetch resumes where it stopped"
+                        ) from error
+                    raise SwarmError(
+                        f"swarm: cannot write {self.path}: {error.strerror}"
+                    ) from error
 
     def close(self) -> None:
         with self._fd_lock:

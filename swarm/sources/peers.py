@@ -179,9 +179,10 @@ class TorrentState:
     thread, and the S3 and UDP sources ask it for every piece they consider."""
 
     arrivals: int = 0
-    """Pieces stored so far, by libtorrent or by the S3 reader writing the file itself
-    (:meth:`note_arrival`), and the torrent's finish: what the hasher and the end of a
-    fetch wait on (polling cost the end of every fetch 0.15 s on average)."""
+    """Times pieces were stored (by libtorrent, or by the S3 reader writing the file
+    itself) or the torrent finished (:meth:`note_arrival`): what the hasher and the end
+    of a fetch wait on (polling cost the end of every fetch 0.15 s on average). A cancel
+    does not count: waiters see it at their timeout."""
     arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def has(self, index: int) -> bool:
@@ -455,6 +456,7 @@ class TorrentSession:
                     state.status = status
                     if len(state.held) < status.num_pieces:
                         state.held.update(i for i, held in enumerate(status.pieces) if held)
+                        state.note_arrival()  # pieces from a check, or alerts dropped
                     if status.is_seeding:  # also covers a torrent restored complete
                         self._finishing(state)
             return

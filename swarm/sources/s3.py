@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import io
 import logging
 import random
 import socket
@@ -80,8 +79,11 @@ def backoff_delay(attempt: int, rng: random.Random) -> float:
 
 
 def _http_response(body: Any) -> http.client.HTTPResponse | None:
-    """The ``http.client`` response under a botocore ``StreamingBody``, or None when the
-    body is something else (a test double, a directory artifact's spanning body)."""
+    """The ``http.client`` response under a botocore ``StreamingBody`` (or the body itself,
+    if it is one), or None when the body is something else (a test double, a directory
+    artifact's spanning body)."""
+    if isinstance(body, http.client.HTTPResponse):
+        return body
     fp = getattr(getattr(body, "_raw_stream", None), "_fp", None)
     return fp if isinstance(fp, http.client.HTTPResponse) else None
 
@@ -122,10 +124,11 @@ def _body_socket(body: Any) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-READ_BUFFER_SLACK = 2 * io.DEFAULT_BUFFER_SIZE
-"""Body bytes that may sit in ``http.client``'s read buffer rather than in the socket
-(``socket.makefile`` buffers ``io.DEFAULT_BUFFER_SIZE``, filled with the first body bytes
-while the headers are parsed), with a margin."""
+READ_BUFFER_SLACK = 32 << 10
+"""Body bytes that may have left the kernel's queue without reaching the reader: over
+HTTPS, OpenSSL holds a partly received TLS record (up to 16 KiB and its overhead). A
+read leaves at least this much more than its mark still to come. (``http.client``'s own
+read buffer does not count: ``readinto`` hands out what it holds before it receives.)"""
 
 
 def set_lowat(sock: socket.socket | None, nbytes: int) -> None:
@@ -144,7 +147,7 @@ class LowWater:
     was asked for. A mark above what is still to come stalls the read until the timeout,
     so each read must leave at least the mark to come after it. Far from the body's end
     a read asks for all it wants at :data:`RECV_LOWAT`; near it, for half of what is
-    left (the mark the other half), down to the last :data:`READ_BUFFER_SLACK` bytes.
+    left (the mark the other half); the last ``2 * READ_BUFFER_SLACK`` bytes at mark 1.
     (The mark was 1 for a body's whole last piece: a read woke per few packets there,
     with 4 MiB GETs for a quarter of the bytes, 0.5 CPU-s more per 128 MiB node in the
     s3-fast fleet.) Reset to 1 before the connection is reused: the next response's
@@ -178,14 +181,23 @@ def read_exactly(
     body: Any, view: memoryview, water: LowWater | None = None, body_left: int = 0
 ) -> memoryview:
     """Fill ``view`` with the next ``len(view)`` bytes of ``body`` (of which ``body_left``
-    bytes are unread, for ``water``); IncompleteReadError if the body ends first."""
+    bytes are unread, for ``water``); IncompleteReadError if the body ends first.
+
+    ``http.client`` counts what the response says is left (``length``): the marks follow
+    it rather than ``body_left`` when it is known, so a body shorter than its range (an
+    object shorter than its manifest) ends in ``IncompleteRead`` at once, not after a
+    read timeout per try."""
     length = len(view)
     readinto = _direct_readinto(body)
+    response = _http_response(body)
     got = 0
     while got < length:
         ask = length - got
         if water is not None:
-            ask = water.next_read(body_left - got, ask)
+            left = body_left - got
+            if response is not None and response.length is not None:
+                left = min(left, response.length)
+            ask = water.next_read(left, ask)
         if readinto:
             n = readinto(view[got : got + ask])
         else:

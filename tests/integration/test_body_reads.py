@@ -10,6 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
+import botocore.exceptions
 import pytest
 
 from swarm.sources.s3 import OVERTAKEN_CHECK, LowWater, read_exactly
@@ -59,4 +60,22 @@ def test_a_body_whose_end_comes_in_parts_is_read_without_stalling(body_server):
         part = view[start : start + OVERTAKEN_CHECK]
         read_exactly(response, part, water, len(BODY) - start)  # TimeoutError if it stalls
     assert bytes(got) == BODY
+    conn.close()
+
+
+def test_a_body_shorter_than_its_range_ends_at_once_not_at_the_timeout(body_server):
+    """The object is shorter than the manifest says (the range asked for 1 MiB more than
+    the server sends): the marks follow what the response says is left, so the read
+    ends in IncompleteRead as soon as the body does, not in the socket's timeout."""
+    host, port = body_server
+    conn = http.client.HTTPConnection(host, port, timeout=3)
+    conn.request("GET", "/")
+    response = conn.getresponse()
+    water = LowWater(conn.sock)
+    planned = len(BODY) + (1 << 20)
+    view = memoryview(bytearray(planned))
+    with pytest.raises(botocore.exceptions.IncompleteReadError):
+        for start in range(0, planned, OVERTAKEN_CHECK):
+            part = view[start : start + OVERTAKEN_CHECK]
+            read_exactly(response, part, water, planned - start)
     conn.close()
