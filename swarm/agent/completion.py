@@ -195,7 +195,9 @@ class Completion:
         direct = artifact.direct
         assert direct is not None
         old = artifact.sink
-        before = self.session.torrents[artifact.info_hash].status
+        # libtorrent's own counters now, not the last status update (up to 0.5 s old): the
+        # end of a fetch no longer waits for a poll, and peers' last bytes went uncounted
+        before = self.session.torrents[artifact.info_hash].handle.status()
         self.session.remove(artifact.info_hash)
         direct.close()
         final = artifact.final_path

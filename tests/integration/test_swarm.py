@@ -202,9 +202,14 @@ def test_unlimited_origin_every_node_reads_all_from_s3_then_seeds(env, artifact,
             done = done_event(process, FETCH_TIMEOUT)
             assert sha256(tmp_path / f"{node.name}.db") == sha256(artifact)
             by = done["bytes_by_source"]
-            # all from S3 (a piece may come from a peer before the first plan arrives, on
-            # a loaded machine)
-            assert by["s3"] >= 0.9 * SIZE, by
+            # every byte counted, and most from S3: peers may give a node pieces before
+            # its first plan arrives, on a loaded machine (libtorrent is not in upload mode
+            # until then, and a node that finished first seeds). Since the fetch's end
+            # no longer waits for a poll, that happened in about one run in six, with up
+            # to 20% from peers (54% once under CI's load, with peers' bytes then read
+            # from a stale status and not counted).
+            assert by["s3"] + by["peers"] >= SIZE, by
+            assert by["s3"] >= 0.4 * SIZE, by
         fleet = get_json(swarm.coordinator_url + "/v1/fleet")
         (entry,) = [a for a in fleet["artifacts"] if a["name"] == "index.db"]
         assert entry["allocation"] is None or entry["allocation"]["mode"] == "all"
