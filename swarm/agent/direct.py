@@ -13,15 +13,14 @@ Pieces that peers deliver meanwhile still land through libtorrent, in the same f
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import threading
 from pathlib import Path
 
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.store import write_at
-from swarm.errors import NoSpaceError, SwarmError
+from swarm.agent.store import no_space, write_at
+from swarm.errors import SwarmError
 
 
 class DirectSink:
@@ -107,12 +106,8 @@ class DirectSink:
                 try:
                     os.fdatasync(self._fd)
                 except OSError as error:  # delayed allocation on the sparse file: ENOSPC
-                    if error.errno == errno.ENOSPC:
-                        raise NoSpaceError(
-                            f"swarm: no space left writing {self.path} (ENOSPC); free space "
-                            "and rerun: the fetch resumes where it stopped"
-                        ) from error
-                    raise SwarmError(
+                    full = no_space(error, self.path)
+                    raise full or SwarmError(
                         f"swarm: cannot write {self.path}: {error.strerror}"
                     ) from error
 

@@ -86,6 +86,16 @@ spent 8.1-8.4 CPU-s/GiB with 32 KiB writes against 9.6-11.2 with 256 KiB (s5cmd
 writes 32 KiB at a time). 32 calls per MiB cost nothing elsewhere."""
 
 
+def no_space(error: OSError, path: Path) -> NoSpaceError | None:
+    """The :class:`NoSpaceError` a failed write of ``path`` is, if the disk is full."""
+    if error.errno != errno.ENOSPC:
+        return None
+    return NoSpaceError(
+        f"swarm: no space left writing {path} (ENOSPC); free space and rerun: the "
+        "fetch resumes where it stopped"
+    )
+
+
 def write_at(fd: int, data: bytes | memoryview, offset: int, path: Path) -> None:
     """Write all of ``data`` at ``offset``; a full disk is :class:`NoSpaceError`."""
     view = memoryview(data)
@@ -94,11 +104,8 @@ def write_at(fd: int, data: bytes | memoryview, offset: int, path: Path) -> None
             written = os.pwrite(fd, view[:WRITE_SLICE], offset)
             view, offset = view[written:], offset + written
     except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise NoSpaceError(
-                f"swarm: no space left writing {path} (ENOSPC); free space and rerun: the "
-                "fetch resumes where it stopped"
-            ) from error
+        if (full := no_space(error, path)) is not None:
+            raise full from error
         raise
 
 

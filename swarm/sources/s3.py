@@ -88,29 +88,14 @@ def _http_response(body: Any) -> http.client.HTTPResponse | None:
     return fp if isinstance(fp, http.client.HTTPResponse) else None
 
 
-def _direct_readinto(body: Any) -> Callable[[memoryview], int] | None:
-    """``readinto`` of the ``http.client`` response under a botocore ``StreamingBody``.
-
-    ``StreamingBody.read(n)`` goes through urllib3, which copies every chunk two or three
-    times (http.client's bytearray to bytes, urllib3's read buffer, our own join); at
-    hundreds of MB/s on a small node those copies cost a good part of a core.
-    ``http.client.HTTPResponse.readinto`` moves the bytes from the socket straight into
-    our buffer and still enforces Content-Length (``IncompleteRead`` if the body is cut
-    short). botocore asks urllib3 for undecoded bytes, so this reads the same bytes.
-    None when the body is something else: the caller uses ``read``.
-    """
-    response = _http_response(body)
-    return response.readinto if response is not None else None
-
-
 def release_connection(body: Any) -> None:
     """Give the connection under a body read to its end back to the client's pool.
 
     urllib3 does so itself when its own ``read`` reaches the end, but :func:`read_exactly`
-    reads through ``http.client`` (:func:`_direct_readinto`), so the body's ``close`` then
-    closed the connection: every GET paid a new TCP connection and slow start (and in
-    AWS a TLS handshake); 32 GETs of 4 MiB cost a node 0.5 CPU-s more than 8 of 16 MiB.
-    A body not read to its end is left alone (``close`` drops its connection)."""
+    reads through ``http.client``, so the body's ``close`` then closed the connection:
+    every GET paid a new TCP connection and slow start (and in AWS a TLS handshake; 32
+    GETs opened 32 connections, now 8). A body not read to its end is left alone
+    (``close`` drops its connection)."""
     raw = getattr(body, "_raw_stream", None)
     response = _http_response(body)
     if raw is not None and response is not None and response.isclosed():
@@ -149,9 +134,10 @@ class LowWater:
     a read asks for all it wants at :data:`RECV_LOWAT`; near it, for half of what is
     left (the mark the other half); the last ``2 * READ_BUFFER_SLACK`` bytes at mark 1.
     (The mark was 1 for a body's whole last piece: a read woke per few packets there,
-    with 4 MiB GETs for a quarter of the bytes, 0.5 CPU-s more per 128 MiB node in the
-    s3-fast fleet.) Reset to 1 before the connection is reused: the next response's
-    headers, or a short error body, would wait otherwise."""
+    with 4 MiB GETs for a quarter of the bytes; in the s3-fast fleet 4 MiB GETs then cost
+    a node ~0.5 CPU-s more per 128 MiB than 16 MiB ones, ~0.25 after this.) Reset to 1
+    before the connection is reused: the next response's headers, or a short error body,
+    would wait otherwise."""
 
     def __init__(self, sock: socket.socket | None) -> None:
         self.sock = sock
@@ -177,29 +163,27 @@ class LowWater:
         self.mark = 1
 
 
-def read_exactly(
-    body: Any, view: memoryview, water: LowWater | None = None, body_left: int = 0
-) -> memoryview:
-    """Fill ``view`` with the next ``len(view)`` bytes of ``body`` (of which ``body_left``
-    bytes are unread, for ``water``); IncompleteReadError if the body ends first.
+def read_exactly(body: Any, view: memoryview, water: LowWater | None = None) -> memoryview:
+    """Fill ``view`` with the next ``len(view)`` bytes of ``body``; IncompleteReadError if
+    the body ends first.
 
-    ``http.client`` counts what the response says is left (``length``): the marks follow
-    it rather than ``body_left`` when it is known, so a body shorter than its range (an
-    object shorter than its manifest) ends in ``IncompleteRead`` at once, not after a
-    read timeout per try."""
+    From a botocore body, through the ``http.client`` response under it: its ``readinto``
+    moves the bytes from the socket straight into our buffer and still enforces
+    Content-Length, where ``StreamingBody.read(n)`` goes through urllib3, which copies
+    every chunk two or three times (at hundreds of MB/s a good part of a core; botocore
+    asks urllib3 for undecoded bytes, so both read the same bytes). Anything else (a test
+    double, a directory artifact's spanning body) is read with ``read``. ``water``'s mark
+    follows what the response says is left (``length``), so an object shorter than its
+    range ends in ``IncompleteRead`` at once, not after a read timeout per try."""
     length = len(view)
-    readinto = _direct_readinto(body)
     response = _http_response(body)
     got = 0
     while got < length:
         ask = length - got
-        if water is not None:
-            left = body_left - got
-            if response is not None and response.length is not None:
-                left = min(left, response.length)
-            ask = water.next_read(left, ask)
-        if readinto:
-            n = readinto(view[got : got + ask])
+        if response is not None:
+            if water is not None and response.length is not None:
+                ask = water.next_read(response.length, ask)
+            n = response.readinto(view[got : got + ask])
         else:
             chunk = body.read(ask)
             n = len(chunk)
@@ -369,16 +353,13 @@ class S3Source:
         bad = 0
         buffer = memoryview(bytearray(self.layout.piece_size))
         water = LowWater(_body_socket(body))
-        body_left = byte_range.end - byte_range.start  # bytes of the body not read yet
         read_through = False
         try:
             for index in byte_range.pieces:
                 self._stopped(halt)
                 length = self.layout.length(index)
                 data = buffer[:length]
-                read = self._read_piece(body, data, index, water, body_left)
-                body_left -= length
-                if not read:
+                if not self._read_piece(body, data, index, water):
                     # Another source brought it while this GET ran: the body's rest is
                     # dropped (the connection with it) and the caller asks again for what
                     # is still missing. Read to the end, a far node's slow GETs carried
@@ -399,16 +380,13 @@ class S3Source:
             bad += settle(byte_range.pieces)
         return bad
 
-    def _read_piece(
-        self, body: Any, view: memoryview, index: int, water: LowWater, body_left: int
-    ) -> bool:
-        """Fill ``view`` with piece ``index`` from ``body`` (``body_left`` bytes of it
-        unread, this piece's included), :data:`OVERTAKEN_CHECK` bytes at a time; False as
-        soon as the sink holds the piece (nothing more is read)."""
+    def _read_piece(self, body: Any, view: memoryview, index: int, water: LowWater) -> bool:
+        """Fill ``view`` with piece ``index`` from ``body``, :data:`OVERTAKEN_CHECK` bytes
+        at a time; False as soon as the sink holds the piece (nothing more is read)."""
         for start in range(0, len(view), OVERTAKEN_CHECK):
             if self.sink.have(index):
                 return False
-            read_exactly(body, view[start : start + OVERTAKEN_CHECK], water, body_left - start)
+            read_exactly(body, view[start : start + OVERTAKEN_CHECK], water)
         return True
 
 

@@ -58,13 +58,13 @@ def test_a_body_whose_end_comes_in_parts_is_read_without_stalling(body_server):
     view = memoryview(got)
     for start in range(0, len(BODY), OVERTAKEN_CHECK):
         part = view[start : start + OVERTAKEN_CHECK]
-        read_exactly(response, part, water, len(BODY) - start)  # TimeoutError if it stalls
+        read_exactly(response, part, water)  # TimeoutError if it stalls
     assert bytes(got) == BODY
     conn.close()
 
 
 def test_a_body_shorter_than_its_range_ends_at_once_not_at_the_timeout(body_server):
-    """The object is shorter than the manifest says (the range asked for 1 MiB more than
+    """The object is shorter than the manifest says (the reader wants 1 MiB more than
     the server sends): the marks follow what the response says is left, so the read
     ends in IncompleteRead as soon as the body does, not in the socket's timeout."""
     host, port = body_server
@@ -77,5 +77,5 @@ def test_a_body_shorter_than_its_range_ends_at_once_not_at_the_timeout(body_serv
     with pytest.raises(botocore.exceptions.IncompleteReadError):
         for start in range(0, planned, OVERTAKEN_CHECK):
             part = view[start : start + OVERTAKEN_CHECK]
-            read_exactly(response, part, water, planned - start)
+            read_exactly(response, part, water)
     conn.close()
