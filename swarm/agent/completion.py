@@ -131,7 +131,7 @@ class Completion:
                 artifact.finisher.start()
                 self._finish(artifact)
                 return
-        artifact.inode = file_inode(artifact.final_path)
+        artifact.identity = registry.file_identity(artifact.final_path)
         artifact.verified.set()
 
     def _finish(self, artifact: Artifact) -> None:
@@ -180,7 +180,7 @@ class Completion:
             artifact.failure = (f"swarm: cannot place {artifact.manifest.name}: {error}", 1)
             log.error("%s", artifact.failure[0])
         else:
-            artifact.inode = file_inode(artifact.final_path)
+            artifact.identity = registry.file_identity(artifact.final_path)
             artifact.verified.set()
             self.session.save_resume(artifact.info_hash)
             log.info("%s verified at %s", artifact.manifest.name, artifact.final_path)
@@ -215,10 +215,3 @@ class Completion:
             before.total_payload_download if before is not None else 0
         )
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
-
-
-def file_inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return None

@@ -40,7 +40,7 @@ import libtorrent as lt
 
 from swarm import catalog
 from swarm.agent import registry, treefs
-from swarm.agent.completion import Completion, file_inode
+from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
@@ -385,10 +385,10 @@ class Daemon:
         return artifact
 
     def watch_one(self, artifact: Artifact) -> None:
-        inode = file_inode(artifact.final_path)
-        if inode is None:
+        identity = registry.file_identity(artifact.final_path)
+        if identity is None:
             self._drop(artifact, f"{artifact.final_path} was deleted")
-        elif inode != artifact.inode:
+        elif identity != artifact.identity:
             self._drop(artifact, f"{artifact.final_path} was replaced by another file")
         elif artifact.sink.state.error:
             self._drop(artifact, f"libtorrent cannot read it: {artifact.sink.state.error}")

@@ -95,9 +95,9 @@ class Artifact:
     """Pieces read from S3 as the plan's direct share (against ``plan.direct``)."""
     peers_idle_since: float | None = None
     """Since when no connected peer holds a missing piece (None: one does)."""
-    inode: int | None = None
-    """The data file's inode once verified: another inode at the path means it was
-    replaced, and the daemon stops seeding it."""
+    identity: FileIdentity | None = None
+    """The data file's identity once verified (:func:`file_identity`): another at the path
+    means it was replaced, and the daemon stops seeding it."""
     gone: str | None = None
     was_verified: bool = False
     """Restored from a record that says its whole file matched before the restart."""
@@ -156,8 +156,7 @@ def save_record(
         "verified": verified,
     }
     if verified:  # which file was verified: another one there later is not seeded
-        stat = path.stat()
-        body["file"] = [stat.st_ino, stat.st_size, stat.st_mtime_ns]
+        body["file"] = list(file_identity(path) or ())
     tmp.write_text(json.dumps(body))
     os.replace(tmp, record)
 
@@ -173,8 +172,8 @@ def load_record(home: Path, manifest: Manifest) -> tuple[Path, Path | None, bool
         dest = Path(body["dest"]) if body.get("dest") else None
         verified = bool(body.get("verified"))
         if verified and body.get("file") is not None:
-            stat = path.stat()
-            if list(body["file"]) != [stat.st_ino, stat.st_size, stat.st_mtime_ns]:
+            path.stat()  # gone: FileNotFoundError, below
+            if list(body["file"]) != list(file_identity(path) or ()):
                 raise FileReplacedError(path)
     except FileNotFoundError:
         return path if record.exists() else default, None, False
@@ -183,6 +182,20 @@ def load_record(home: Path, manifest: Manifest) -> tuple[Path, Path | None, bool
     if not path.is_absolute() or (dest is not None and not dest.is_absolute()):
         return default, None, False
     return path, dest, verified
+
+
+FileIdentity = tuple[int, ...]
+
+
+def file_identity(path: Path) -> FileIdentity | None:
+    """What tells the verified file from another later put at its path (None: nothing
+    there). Not the inode number alone: a deleted file's number is handed to the next file
+    created, and another fetch's artifact at DEST then passed for this one."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return (found.st_ino, found.st_size, found.st_mtime_ns)
 
 
 class FileReplacedError(Exception):

@@ -116,6 +116,23 @@ def test_deleted_dest_is_no_longer_seeded(fleet, artifact, tmp_path):
     assert sha256(dest) == sha256(artifact)
 
 
+def test_dest_rewritten_in_place_is_not_reported_complete(fleet, artifact, tmp_path):
+    """Same inode, other bytes (``cp other DEST`` writes into the file; a deleted file's
+    inode number is also reused for the next file created): not the file verified."""
+    node = fleet.node(62)
+    dest = tmp_path / "rewritten.db"
+    done_event(node.fetch("index.db", dest), 120)
+    inode = dest.stat().st_ino
+    with dest.open("r+b") as f:  # root writes through DEST's read-only mode
+        f.truncate(0)
+        f.write(b"another artifact")
+    assert dest.stat().st_ino == inode
+    done = done_event(node.fetch("index.db", dest), 120)
+    assert done["bytes_by_source"]["s3"] + done["bytes_by_source"]["peers"] > 0  # fetched again
+    assert sha256(dest) == sha256(artifact)
+    assert "was replaced by another file" in (node.home / "daemon.log").read_text()
+
+
 def test_copy_gives_a_private_writable_dest_and_a_second_dest_is_a_copy(fleet, artifact, tmp_path):
     node = fleet.node(60)
     first, second = tmp_path / "private.db", tmp_path / "second.db"
