@@ -47,7 +47,8 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from types import FrameType
 
-from swarm.lab.fleet import FleetConfig, SystemResult, log, run_fleet
+from swarm.lab.fleet import log, run_fleet
+from swarm.lab.fleetdata import FleetConfig, SystemResult
 from swarm.lab.jobs import FleetError
 from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
 from swarm.lab.s3 import MINIO_BIN

@@ -1,6 +1,6 @@
 """The fleet shapes the bench runs (``bench/fleet.py --scenario NAME``), as data.
 
-A scenario is a set of :class:`swarm.lab.fleet.FleetConfig` fields over
+A scenario is a set of :class:`swarm.lab.fleetdata.FleetConfig` fields over
 :data:`DEFAULTS`; rates in Mbit/s. Adding one is adding an entry here (and, for a new
 kind of shape, a field to ``FleetConfig`` that :class:`~swarm.lab.fleet.Fleet` applies).
 Tests of the allocator can take their capacities from here.

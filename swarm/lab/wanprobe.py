@@ -10,7 +10,8 @@ import sys
 import threading
 from typing import Any
 
-from swarm.lab.netlab import Host, Lab, listen_then_send
+from swarm.lab.netlab import Host, Lab
+from swarm.lab.tcpmeasure import listen_then_send
 from swarm.lab.wan import Shape, split_regions, wanem_unavailable
 
 PING = """\

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from swarm.lab.coordinator import Coordinator
-from swarm.lab.fleet import Fleet, FleetConfig, started_fleet
+from swarm.lab.fleet import Fleet, started_fleet
+from swarm.lab.fleetdata import FleetConfig
 from swarm.lab.netlab import Host, Lab, lab_unavailable
 from swarm.lab.s3 import S3Server, publish
 from tests.conftest import CREDENTIALS, make_artifact

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm.lab.fleet import FleetConfig, started_fleet
+from swarm.lab.fleet import started_fleet
+from swarm.lab.fleetdata import FleetConfig
 from swarm.lab.netlab import lab_unavailable
 from swarm.lab.scenarios import scenario
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from swarm.lab.netlab import Lab, measure_tcp, pid_alive
+from swarm.lab.netlab import Lab, pid_alive
+from swarm.lab.tcpmeasure import measure_tcp
 
 pytestmark = pytest.mark.fleet
 

@@ -1,0 +1,159 @@
+"""A fleet benchmark's data: the setup it runs (:class:`FleetConfig`, with the P2P lower
+bound T* and the coordinator allocator's plan for its capacities) and what one system's run
+measured (:class:`NodeResult`, :class:`SystemResult`). No processes, no I/O:
+:class:`swarm.lab.fleet.Fleet` builds and runs a fleet from a config and returns results.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.coordinator.allocate import Allocation, Snapshot, allocate
+
+FAR_TCP_FLOWS = 4
+"""TCP flows a client keeps across the WAN for :meth:`FleetConfig.far_tcp_seconds`
+(s5cmd's parts in flight for a 128 MiB object, roughly)."""
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+@dataclass
+class FleetConfig:
+    """One benchmark setup. Rates in Mbit/s (10^6 bit/s), sizes in bytes."""
+
+    nodes: int = 8
+    size: int = 128 << 20
+    piece_size: int = 1 << 20
+    origin_up: float = 100
+    origin_down: float = 1000
+    node_up: float = 200
+    node_down: float = 200
+    seeders: int = 0
+    seeder_up: float | None = None
+    """Upload of each pre-existing seeder; None = ``node_up``."""
+    s3: str = "minio"
+    """S3 server on the origin host: ``minio`` or ``moto``."""
+    system_timeout: float | None = None
+    """Seconds one system may take; None = see :meth:`timeout`."""
+    scenario: str | None = None
+    far_rtt_ms: float = 0.0
+    """The new nodes are in another region: this RTT to the origin and seeders (0 with
+    ``far_loss`` 0: one region). Links among the nodes stay as they are."""
+    far_loss: float = 0.0
+    """Loss each way between the regions (0..1)."""
+    tcp_cc: str | None = None
+    """TCP congestion control in every host's namespace (``cubic``, ``bbr``); None: the
+    machine's default, which new namespaces copy."""
+
+    @property
+    def far(self) -> bool:
+        return self.far_rtt_ms > 0 or self.far_loss > 0
+
+    def __post_init__(self) -> None:
+        for name in ("origin_up", "origin_down", "node_up", "node_down"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 Mbit/s, got {getattr(self, name)}")
+        if self.nodes < 1 or self.seeders < 0:
+            raise ValueError(f"need nodes >= 1 and seeders >= 0, got {self.nodes}/{self.seeders}")
+        if self.s3 not in ("minio", "moto"):
+            raise ValueError(f"s3 must be minio or moto, got {self.s3!r}")
+
+    @property
+    def seeder_rate(self) -> float:
+        return self.seeder_up if self.seeder_up is not None else self.node_up
+
+    def bound(self) -> float:
+        """Kumar & Ross's minimum distribution time T* in seconds."""
+        f = self.size * 8
+        mbit = 1e6
+        server = (self.origin_up + self.seeders * self.seeder_rate) * mbit
+        total = server + self.nodes * self.node_up * mbit
+        return max(f / server, f / (self.node_down * mbit), self.nodes * f / total)
+
+    def allocation(self) -> Allocation:
+        """What the coordinator's allocator plans for this shape's capacities at the
+        start (every node lacking everything), with its predicted finish."""
+        mbit = 1e6 / 8  # bytes/s
+        return allocate(
+            Snapshot(
+                self.size,
+                self.nodes,
+                self.node_down * mbit,
+                self.node_up * mbit,
+                self.origin_up * mbit,
+                self.seeders * self.seeder_rate * mbit,
+            )
+        )
+
+    def timeout(self) -> float:
+        """Seconds one system may take: the explicit setting, else 60 s plus the larger of
+        10 x T* and twice the time for every node to read the whole object from the origin
+        (so an S3-only client on a slow origin is slow, not failed)."""
+        if self.system_timeout:
+            return self.system_timeout
+        origin_only = self.nodes * self.size * 8 / (self.origin_up * 1e6)
+        return 60.0 + max(10.0 * self.bound(), 2.0 * origin_only, 2.0 * self.far_tcp_seconds())
+
+    def far_tcp_seconds(self) -> float:
+        """Seconds for a far node to read the object over :data:`FAR_TCP_FLOWS` TCP flows
+        across the WAN at Mathis's rate (MSS/RTT x 1.22/sqrt(loss)): an S3-only client
+        there is that slow (0 for one region, or a WAN without loss)."""
+        if not self.far or self.far_loss <= 0 or self.far_rtt_ms <= 0:
+            return 0.0
+        flow = 1448 * 8 / (self.far_rtt_ms / 1e3) * 1.22 / math.sqrt(self.far_loss)
+        return self.size * 8 / (FAR_TCP_FLOWS * flow)
+
+
+# -- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeResult:
+    node: str
+    seconds: float
+    sha256_ok: bool
+    bytes_by_source: dict[str, int] | None = None
+    cpu_s: float | None = None
+    """CPU seconds of every process on the node (client, daemon) until all were done."""
+
+
+@dataclass
+class SystemResult:
+    system: str
+    all_done: float
+    nodes: list[NodeResult]
+    origin_tx_bytes: int
+    bound: float
+    size: int
+    cpu_busy_avg: float
+    cpu_saturated_fraction: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(n.seconds for n in self.nodes)
+
+    @property
+    def cpu_per_node_gib(self) -> float | None:
+        """Mean CPU seconds a node spent per GiB of artifact, or None if not measured."""
+        cpu = [n.cpu_s for n in self.nodes if n.cpu_s is not None]
+        return statistics.fmean(cpu) / (self.size / 2**30) if cpu else None
+
+    def row(self, swarm_all_done: float | None) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "all_done_s": round(self.all_done, 2),
+            "median_s": round(self.median, 2),
+            "vs_bound": round(self.all_done / self.bound, 2),
+            "vs_swarm": round(self.all_done / swarm_all_done, 2) if swarm_all_done else None,
+            "origin_bytes_per_F": round(self.origin_tx_bytes / self.size, 2),
+            "cpu_busy_avg": round(self.cpu_busy_avg, 2),
+            "cpu_saturated": round(self.cpu_saturated_fraction, 2),
+            "cpu_s_per_node_gib": (
+                round(self.cpu_per_node_gib, 2) if self.cpu_per_node_gib is not None else None
+            ),
+        }
