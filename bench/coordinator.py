@@ -574,8 +574,8 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
     planner, membership, reply encoding; no HTTP), after N nodes joined: flat in N means
     O(1) per request. ``process_time``, so other processes on the machine matter less."""
     sys.path.insert(0, str(ROOT))
-    from swarm.coordinator.app import _plan_origin
     from swarm.coordinator.fleet import parse_epoch
+    from swarm.coordinator.handlers import plan_origin
     from swarm.coordinator.load import report_interval
     from swarm.coordinator.memorystore import MemoryPeerStore
     from swarm.coordinator.origin import StripePlanner
@@ -592,7 +592,7 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
             node.gain(5.0)
             report = parse_report(json.loads(node.report(now)))
             store.report(report, now, 10)
-            _plan_origin(planner, report, now, 1.0)
+            plan_origin(planner, report, now, 1.0)
             node.members_epoch = store.members(None, now).epoch
             store.announce(parse_announce(node.announce_query("started")), node.ip, now)
             now += 0.0001
@@ -606,7 +606,7 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
             report = parse_report(payload)
             interval = report_interval(store.node_count(now), 2000)
             store.report(report, now, 10)
-            plans, _ = _plan_origin(planner, report, now, interval)
+            plans, _ = plan_origin(planner, report, now, interval)
             members = store.members(parse_epoch(payload.get("members_epoch")), now)
             json.dumps({"ok": True, "interval": interval, "plans": plans})
             spent += time.process_time() - began

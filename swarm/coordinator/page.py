@@ -27,6 +27,7 @@ from typing import Final
 
 from aiohttp import web
 
+from swarm.coordinator.handlers import CLOCK, STORE
 from swarm.coordinator.timeline import SAMPLE_PERIOD, NodeSample, Timeline
 
 log = logging.getLogger(__name__)
@@ -405,8 +406,6 @@ async def _timeline(request: web.Request) -> web.Response:
 def sample_fleet(app: web.Application) -> None:
     """Take one timeline sample from the coordinator's node reports (none without a
     store: an app that serves the page alone)."""
-    from swarm.coordinator.app import CLOCK, STORE  # app imports this module
-
     if STORE not in app:
         return
     now = app[CLOCK]()

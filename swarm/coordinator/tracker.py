@@ -2,7 +2,7 @@
 
 Sans-IO: this module turns an announce's raw query string into an :class:`Announce` and
 turns peers into a bencoded reply. It never touches a socket, a clock or an RNG; the
-aiohttp edge (``app.py``) and the soft state (``fleet.py``) do that. Bad input from a
+aiohttp edge (``handlers.py``) and the soft state (``fleet.py``) do that. Bad input from a
 client raises :class:`RemoteProtocolError`, whose message is safe to send back as the
 ``failure reason``.
 """

@@ -174,7 +174,7 @@ def _check_announce(announce: Announce | None) -> None:
 @given(query=announce_queries())
 @example(query="info_hash=\u0100")
 def test_announce_query_raises_only_remote_protocol_error(query: str) -> None:
-    # app.py passes yarl's raw_query_string, a str; bytes are accepted too.
+    # handlers.py passes yarl's raw_query_string, a str; bytes are accepted too.
     _check_announce(_only(RemoteProtocolError, parse_announce, query))
     _check_announce(_only(RemoteProtocolError, parse_announce, query.encode("utf-8", "replace")))
 

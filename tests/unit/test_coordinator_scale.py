@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.coordinator.app import _handle_report, make_app
+from swarm.coordinator.app import make_app
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
+from swarm.coordinator.handlers import handle_report
 from swarm.coordinator.load import report_interval
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.origin import MAX_STRIPE_PIECES, StripePlanner
@@ -168,7 +169,7 @@ def stops_listing_leaves_the_union(state: PlanState) -> None:
     other, full = "cd" * 20, (1 << 64) - 1
 
     def send(body: dict[str, object], now: float) -> dict[str, object]:
-        outcome = _handle_report(app, parse_report(body), body, now)
+        outcome = handle_report(app, parse_report(body), body, now)
         assert outcome.error is None
         return outcome.plans
 
