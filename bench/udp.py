@@ -83,7 +83,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 s = conn.session
                 trace.append(
                     (round(time.monotonic() - started, 3), s.stats.datagrams, s.stats.retransmits,
-                     round(s.rate / 1e6), int(s._blocked), len(s._retx), len(conn.backlog))
+                     round(s.rate / 1e6), int(s._blocked),
+                     len(s._schedule.retx) if s._schedule else 0, len(conn.backlog))
                 )  # fmt: skip
         if args.trace:
             args.trace.write_text(json.dumps(trace))

@@ -2,8 +2,10 @@
 
 - the sans-IO machines, one module per seam (all re-exported by :mod:`swarm.udp.protocol`):
   :mod:`~swarm.udp.wire` (format, block plan), :mod:`~swarm.udp.crypto` (HKDF keys,
-  AES-GCM), :mod:`~swarm.udp.rate` (rate rule, pacer), :mod:`~swarm.udp.sender` and
-  :mod:`~swarm.udp.receiver`;
+  AES-GCM), :mod:`~swarm.udp.rate` (rate rule, pacer), :mod:`~swarm.udp.request` (REQUEST
+  and ACCEPT rules), :mod:`~swarm.udp.sender` (with :mod:`~swarm.udp.schedule` and
+  :mod:`~swarm.udp.batch`) and :mod:`~swarm.udp.receiver` (with :mod:`~swarm.udp.assembly`
+  and :mod:`~swarm.udp.loss`);
 - :mod:`swarm.udp.datapath`: UDP sockets with GSO sends, GRO receives, no IP fragments;
 - :class:`UdpServer`: what every daemon runs to serve the pieces it holds;
 - :func:`fetch_pieces` / :func:`fetch_pieces_sync`: what the agent's UDP source calls.

@@ -2,7 +2,7 @@
 never an IP fragment.
 
 - **GSO** (``UDP_SEGMENT``, Linux >= 4.18): one ``sendmsg`` carries up to
-  :data:`GSO_MAX_SEGMENTS` datagrams sealed back to back (a :class:`~swarm.udp.sender.Batch`);
+  :data:`GSO_MAX_SEGMENTS` datagrams sealed back to back (a :class:`~swarm.udp.batch.Batch`);
   the kernel cuts them at ``segment`` bytes, each a datagram of its own with its own
   header and tag, so loss still costs one block.
 - **GRO** (``UDP_GRO``, Linux >= 5.0): the kernel hands a socket that asks for it up to
@@ -29,7 +29,7 @@ import socket
 import struct
 from typing import Final
 
-from swarm.udp.sender import Batch
+from swarm.udp.batch import Batch
 
 log = logging.getLogger(__name__)
 

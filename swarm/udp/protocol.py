@@ -12,9 +12,13 @@ the edges, the tests and the fuzzers):
 
 - :mod:`swarm.udp.wire`: constants, errors, frames, datagram header, the block plan;
 - :mod:`swarm.udp.crypto`: HKDF keys, handshake proofs, AES-GCM sealing;
-- :mod:`swarm.udp.rate`: the rate rule and the pacer;
+- :mod:`swarm.udp.rate`: the rate rule, its feedback loop and the pacer;
 - :mod:`swarm.udp.events`: what the machines tell their edges;
-- :mod:`swarm.udp.sender` / :mod:`swarm.udp.receiver`: the server's and client's machines.
+- :mod:`swarm.udp.request`: the REQUEST and ACCEPT rules both sides check;
+- :mod:`swarm.udp.sender` / :mod:`swarm.udp.receiver`: the server's and client's machines,
+  with their bookkeeping: :mod:`swarm.udp.schedule` (what is left to send) and
+  :mod:`swarm.udp.batch` (GSO batches); :mod:`swarm.udp.assembly` (pieces being received)
+  and :mod:`swarm.udp.loss` (NAKs and REPORTs).
 
 Nothing in them touches a socket, a clock or an RNG: nonces and times are passed in, bytes
 go in and out, and the asyncio edges (``server.py``, ``client.py``, with the socket work in
@@ -25,6 +29,8 @@ raises (it is dropped and counted), except an authentic block that does not fit 
 
 from __future__ import annotations
 
+from swarm.udp.assembly import MAX_PIECE_ATTEMPTS
+from swarm.udp.batch import Batch
 from swarm.udp.control import ControlChannel
 from swarm.udp.crypto import FleetKey, Sealer, SessionKeys, hkdf, nonce
 from swarm.udp.events import (
@@ -40,6 +46,7 @@ from swarm.udp.events import (
     RequestReceived,
     TransferDone,
 )
+from swarm.udp.loss import END_GRACE, RENAK_TIMEOUT, REORDER_SLACK
 from swarm.udp.rate import (
     BURST_SECONDS,
     LOSS_HIGH,
@@ -53,17 +60,13 @@ from swarm.udp.rate import (
     adapt_rate,
 )
 from swarm.udp.receiver import (
-    END_GRACE,
-    MAX_PIECE_ATTEMPTS,
     PROBE_INTERVAL,
-    RENAK_TIMEOUT,
-    REORDER_SLACK,
     REPORT_INTERVAL,
     ClientSession,
     ClientState,
     ReceiverStats,
 )
-from swarm.udp.sender import Batch, SenderStats, ServerSession, ServerState
+from swarm.udp.sender import SenderStats, ServerSession, ServerState
 from swarm.udp.wire import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PORT,

@@ -11,9 +11,8 @@ A bad *datagram* never raises: UDP sources are spoofable, so raising would let a
 session; it is dropped and counted. The one exception is an *authentic* block that does not
 fit the plan: only the server holds the key to seal one, so it is a protocol error.
 
-Loss detection: first-pass blocks arrive in ordinal order, so a missing ordinal well below
-the highest first-pass one seen was lost (Tsunami's retransmit requests); it is NAKed in the
-next REPORT, and NAKed again if its retransmission is lost too.
+Loss detection and NAKs: :mod:`swarm.udp.loss`; piece buffers and checks:
+:mod:`swarm.udp.assembly`; the request and its grant: :mod:`swarm.udp.request`.
 """
 
 from __future__ import annotations
@@ -21,14 +20,13 @@ from __future__ import annotations
 import enum
 import hmac
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from swarm.udp.assembly import PieceAssembly
 from swarm.udp.control import ControlChannel
 from swarm.udp.crypto import AESGCM, FleetKey, InvalidTag, Sealer
 from swarm.udp.events import (
-    Accepted,
     Authenticated,
     Event,
     PeerError,
@@ -37,7 +35,8 @@ from swarm.udp.events import (
     Refused,
     TransferDone,
 )
-from swarm.udp.rate import MIN_RATE_BPS
+from swarm.udp.loss import LossTracker
+from swarm.udp.request import check_request, pack_request, parse_accept
 from swarm.udp.wire import (
     ACCEPT,
     DEFAULT_BLOCK_SIZE,
@@ -47,17 +46,9 @@ from swarm.udp.wire import (
     DGRAM_OVERHEAD,
     DGRAM_PROBE,
     FLAG_RETRANSMIT,
-    HASH_LEN,
-    MAX_BLOCK_SIZE,
     MAX_CONTROL_FRAME,
-    MAX_NAKS_PER_REPORT,
-    MAX_PIECE_SIZE,
-    MAX_PIECES_PER_REQUEST,
-    MIN_BLOCK_SIZE,
     NONCE_LEN,
     PROGRESS,
-    REPORT,
-    REQUEST,
     TAG_LEN,
     VERSION_MAGIC,
     AuthenticationError,
@@ -65,10 +56,6 @@ from swarm.udp.wire import (
     LocalProtocolError,
     Msg,
     RemoteProtocolError,
-    pack_u32s,
-    piece_count_for,
-    u32s,
-    validate_block_size,
 )
 
 REPORT_INTERVAL = 0.05
@@ -77,24 +64,6 @@ queue filling within a few intervals, long enough for ~2,000 datagrams per sampl
 and 500 Mbit/s, so a loss fraction of a few tenths of a percent is measurable."""
 PROBE_INTERVAL = 0.1
 """Seconds between PROBE datagrams until the server confirms the UDP path (PATH_OK)."""
-REORDER_SLACK = 16
-"""First-pass ordinals a block may arrive late by before it is NAKed: reordering is rare on
-one path, and a spurious NAK costs one duplicate block."""
-END_GRACE = 0.02
-"""After the sender's first pass ends, seconds before NAKing the tail (datagrams sent just
-before PASS_DONE may still be in flight)."""
-RENAK_TIMEOUT = 1.0
-"""Seconds after which a NAKed block that did not arrive is NAKed again regardless. Lost
-retransmissions are found sooner and without a timer: the sender serves NAKs in order, so
-a retransmission arriving for a later NAK reveals the loss of an earlier one, and the
-sender's PROGRESS says when every NAK it was sent has been served. This timeout is only a
-backstop: a timer tight enough to matter would fire while a retransmission waits in a
-bottleneck's queue and send every such block twice."""
-MAX_POOLED_PIECES = 8
-"""Piece buffers kept for reuse (:meth:`ClientSession.recycle`)."""
-MAX_PIECE_ATTEMPTS = 3
-"""Times a piece is received before the receiver gives up on it (its hash failed each time):
-a sender with a corrupt piece must not keep us in a loop; another source will provide it."""
 
 
 class ClientState(enum.Enum):
@@ -138,21 +107,7 @@ class ClientSession:
     ) -> None:
         if len(client_nonce) != NONCE_LEN:
             raise LocalProtocolError(f"client nonce must be {NONCE_LEN} bytes")
-        try:
-            info_hash = bytes.fromhex(info_hash_hex)
-        except ValueError:
-            info_hash = b""
-        if len(info_hash) != HASH_LEN:
-            raise LocalProtocolError(f"info_hash must be 40 hex digits, got {info_hash_hex!r}")
-        validate_block_size(block_size)
-        if not pieces or len(pieces) > MAX_PIECES_PER_REQUEST or len(set(pieces)) != len(pieces):
-            raise LocalProtocolError(
-                f"pieces must be 1..{MAX_PIECES_PER_REQUEST} distinct indices, got {len(pieces)}"
-            )
-        if min(pieces) < 0 or (piece_count is not None and max(pieces) >= piece_count):
-            raise LocalProtocolError(f"piece index out of range 0..{piece_count}")
-        if rate_bps < MIN_RATE_BPS:
-            raise LocalProtocolError(f"rate_bps must be >= {MIN_RATE_BPS}, got {rate_bps}")
+        info_hash = check_request(info_hash_hex, pieces, rate_bps, block_size, piece_count)
         self._side = ControlChannel()
         self._key = key
         self._hello = VERSION_MAGIC + client_nonce
@@ -173,33 +128,9 @@ class ClientSession:
         self._data_aead: AESGCM | None = None
         self._probe: Sealer | None = None
         self._next_probe = 0.0
-        self._have = bytearray()
-        self._remaining: list[int] = []
-        self._buffers: dict[int, bytearray] = {}
-        self._pool: list[bytearray] = []
-        self._views: dict[int, memoryview] = {}
-        self._attempts: list[int] = []
-        self._settled = 0
-        self._checking: set[int] = set()
-        self._pos: dict[int, int] = {}
-        self._scan = 0
-        self._first_high = -1
-        self._outstanding: dict[int, float] = {}
-        """Missing ordinals to NAK -> when (0.0: at the next report)."""
-        self._nak_order: deque[tuple[int, int]] = deque()
-        self._nak_id: dict[int, int] = {}
-        """Outstanding ordinal -> the id of its latest NAK."""
-        self._nak_first: dict[int, int] = {}
-        """Outstanding ordinal -> the id of its first NAK: a retransmission that arrives
-        answers that one at least (if the ordinal was NAKed again, maybe not the latest)."""
-        self._nak_at: dict[int, int] = {}
-        """Outstanding ordinal -> the stamp (``echo``) of the report that last NAKed it."""
-        self._next_nak_id = 0
-        self._pass_done = False
-        self._pass_done_at: float | None = None
-        self._seq_high = -1
-        self._seq_high_reported = -1
-        self._received_interval = 0
+        self._assembly: PieceAssembly | None = None
+        """The pieces being received; set by ACCEPT."""
+        self._loss = LossTracker()
         self._next_report = 0.0
         self._side.send_plain(Msg.HELLO, self._hello)
 
@@ -259,8 +190,8 @@ class ClientSession:
             self._probe = Sealer(keys.data_c2s)
             self.session_id = keys.session_id
             side.send_plain(Msg.AUTH, self._key.proof(b"client", transcript))
-            req = REQUEST.pack(self._info_hash, self._rate, self._block_size, len(self._requested))
-            side.send_sealed(Msg.REQUEST, req + pack_u32s(self._requested))
+            req = pack_request(self._info_hash, self._rate, self._block_size, self._requested)
+            side.send_sealed(Msg.REQUEST, req)
             self.state = ClientState.AWAIT_ACCEPT
             side.pending.append(Authenticated(self.session_id))
             return
@@ -292,53 +223,26 @@ class ClientSession:
             self.stats.sender_rate_bps = rate
             side.pending.append(Progress(rate, datagrams, sent))
             if pass_done:
-                if not self._pass_done:
-                    self._pass_done = True
-                    self._pass_done_at = now + END_GRACE
-                # NAKs up to report `served` were all sent: what is still missing of them
-                # was lost again (after a grace for datagrams in flight).
-                due = now + END_GRACE
-                for ordinal, at in self._nak_at.items():
-                    if at <= served and self._outstanding.get(ordinal, 0.0) > due:
-                        self._outstanding[ordinal] = due
+                self._loss.sender_pass_done(now, served)
         elif kind == Msg.BYE:
             self.state = ClientState.DONE
         else:
             raise RemoteProtocolError(f"unexpected message type {kind} in {self.state.value}")
 
     def _on_accept(self, body: bytes) -> None:
-        piece_size, piece_count, total, block, rate, n = ACCEPT.unpack_from(body)
-        missing = u32s(body[ACCEPT.size :], n, "ACCEPT unavailable")
-        if not 1 <= piece_size <= MAX_PIECE_SIZE or total < 1:
-            raise RemoteProtocolError(f"piece size {piece_size} / size {total} out of range")
-        if piece_count != piece_count_for(total, piece_size):
-            raise RemoteProtocolError(f"{piece_count} pieces cannot make {total} bytes")
-        if self._expect_piece_size not in (None, piece_size) or self._expect_piece_count not in (
-            None,
-            piece_count,
-        ):
-            raise RemoteProtocolError(
-                f"the server's artifact has {piece_count} pieces of {piece_size} bytes, "
-                f"ours {self._expect_piece_count} of {self._expect_piece_size}"
-            )
-        if not MIN_BLOCK_SIZE <= block <= min(self._block_size, MAX_BLOCK_SIZE):
-            # The server may lower our block size (its path MTU), never raise it (ours).
-            raise RemoteProtocolError(
-                f"ACCEPT names block size {block}, not in {MIN_BLOCK_SIZE}..{self._block_size}"
-            )
-        if max(self._requested) >= piece_count:
-            raise RemoteProtocolError(f"the artifact has only {piece_count} pieces")
-        if not set(missing) <= set(self._requested):
-            raise RemoteProtocolError("ACCEPT lists a piece we did not ask for")
-        self.unavailable = missing
-        gone = set(missing)
+        accepted = parse_accept(
+            body,
+            self._requested,
+            self._block_size,
+            self._expect_piece_size,
+            self._expect_piece_count,
+        )
+        self.unavailable = accepted.unavailable
+        gone = set(self.unavailable)
         pieces = [p for p in self._requested if p not in gone]
-        self.plan = BlockPlan(pieces, piece_size, total, block)
-        self._have = bytearray(self.plan.total)
-        self._remaining = [len(self.plan.ordinals(i)) for i in range(len(pieces))]
-        self._attempts = [0] * len(pieces)
-        self._pos = {piece: pos for pos, piece in enumerate(pieces)}
-        self._side.pending.append(Accepted(piece_size, piece_count, total, block, rate, missing))
+        self.plan = BlockPlan(pieces, accepted.piece_size, accepted.total_size, accepted.block_size)
+        self._assembly = PieceAssembly(self.plan)
+        self._side.pending.append(accepted)
         if not pieces:
             self._finish()
             return
@@ -359,27 +263,30 @@ class ClientSession:
         stats.batches += 1
         plan = self.plan
         aead = self._data_aead
+        assembly = self._assembly
         if (
             plan is None
             or aead is None
+            or assembly is None
             or self.state not in (ClientState.PROBING, ClientState.RECEIVING)
         ):
             for start in range(0, size, segment):
                 self._receive(data[start : min(start + segment, size)])
             return
         sid = self.session_id
-        have = self._have
+        have = assembly.have
         total = plan.total
         first, ends, lengths, block = plan.first, plan.ends, plan.lengths, plan.block_size
         unpack_from = DGRAM.unpack_from
         decrypt_into = aead.decrypt_into
-        views = self._views
-        remaining = self._remaining
-        outstanding = self._outstanding
+        views = assembly.views
+        remaining = assembly.remaining
+        loss = self._loss
+        outstanding = loss.outstanding
         pending = self._side.pending
         datagrams = payload = forged = 0
-        seq_high = self._seq_high
-        first_high = self._first_high
+        seq_high = loss.seq_high
+        first_high = loss.first_high
         for start in range(0, size, segment):
             end = start + segment
             if end > size:
@@ -398,19 +305,18 @@ class ClientSession:
                     pos = -1
             if pos < 0:
                 # Not a new block that fits: the careful path (it may raise).
-                self._seq_high, self._first_high = seq_high, first_high
+                loss.seq_high, loss.first_high = seq_high, first_high
                 stats.datagrams += datagrams
                 stats.bytes += payload
                 stats.forged += forged
-                self._received_interval += datagrams
+                loss.received_interval += datagrams
                 datagrams = payload = forged = 0
                 self._receive(data[start:end])
-                seq_high, first_high = self._seq_high, self._first_high
+                seq_high, first_high = loss.seq_high, loss.first_high
                 continue
             view = views.get(pos)
             if view is None:
-                buf = self._buffers[pos] = self._new_buffer(lengths[pos])
-                view = views[pos] = memoryview(buf)
+                view = assembly.open(pos)
             header_end = start + DGRAM_HEADER_LEN
             try:
                 # Decrypts in place; on a bad tag the bytes written are garbage, but the
@@ -434,23 +340,17 @@ class ClientSession:
                 self.state = ClientState.RECEIVING
                 self._next_report = 0.0
             if outstanding and outstanding.pop(ordinal, None) is not None:
-                self._nak_at.pop(ordinal, None)
-                self._nak_id.pop(ordinal, None)
-                nak_id = self._nak_first.pop(ordinal, None)
-                if nak_id is not None and flags & FLAG_RETRANSMIT:
-                    self._lost_before(nak_id - REORDER_SLACK)
+                loss.answered(ordinal, flags)
             if not flags & FLAG_RETRANSMIT and ordinal > first_high:
                 first_high = ordinal
             remaining[pos] -= 1
             if remaining[pos] == 0:
-                self._checking.add(pos)
-                views.pop(pos).release()
-                pending.append(PieceReceived(plan.pieces[pos], self._buffers.pop(pos)))
-        self._seq_high, self._first_high = seq_high, first_high
+                pending.append(PieceReceived(plan.pieces[pos], assembly.complete(pos)))
+        loss.seq_high, loss.first_high = seq_high, first_high
         stats.datagrams += datagrams
         stats.bytes += payload
         stats.forged += forged
-        self._received_interval += datagrams
+        loss.received_interval += datagrams
 
     def receive_datagram(self, data: bytes | memoryview) -> None:
         """A datagram from the data socket. Forged ones are counted in ``stats.forged``."""
@@ -459,10 +359,12 @@ class ClientSession:
     def _receive(self, data: memoryview) -> None:
         plan = self.plan
         aead = self._data_aead
+        assembly = self._assembly
         stats = self.stats
         if (
             plan is None
             or aead is None
+            or assembly is None
             or len(data) < DGRAM_OVERHEAD
             or data[0] != DGRAM_DATA
             or data[2:10] != self.session_id
@@ -477,7 +379,7 @@ class ClientSession:
         if state is ClientState.PROBING:
             # Data may overtake PATH_OK (UDP vs TCP); an authentic datagram proves the path.
             state = ClientState.RECEIVING
-        if ordinal >= plan.total or self._have[ordinal] or state is not ClientState.RECEIVING:
+        if ordinal >= plan.total or assembly.have[ordinal] or state is not ClientState.RECEIVING:
             # Not a block we want: authenticate it (to count forgeries) but keep nothing.
             try:
                 aead.decrypt(nonce, body, header)
@@ -499,10 +401,9 @@ class ClientSession:
             raise RemoteProtocolError(
                 f"block {ordinal} is {len(body) - TAG_LEN} bytes, not {length}"
             )
-        view = self._views.get(pos)
+        view = assembly.views.get(pos)
         if view is None:
-            buf = self._buffers[pos] = self._new_buffer(plan.lengths[pos])
-            view = self._views[pos] = memoryview(buf)
+            view = assembly.open(pos)
         try:
             # Decrypts in place; on a bad tag the bytes written are garbage, but the block
             # stays missing, so the authentic copy overwrites them.
@@ -514,84 +415,40 @@ class ClientSession:
         if self.state is ClientState.PROBING:
             self.state = ClientState.RECEIVING
             self._next_report = 0.0
-        self._have[ordinal] = 1
-        if self._outstanding.pop(ordinal, None) is not None:
-            self._nak_at.pop(ordinal, None)
-            self._nak_id.pop(ordinal, None)
-            nak_id = self._nak_first.pop(ordinal, None)
-            if nak_id is not None and flags & FLAG_RETRANSMIT:
-                self._lost_before(nak_id - REORDER_SLACK)
-        if not flags & FLAG_RETRANSMIT and ordinal > self._first_high:
-            self._first_high = ordinal
-        self._remaining[pos] -= 1
-        if self._remaining[pos] == 0:
-            self._checking.add(pos)
-            self._views.pop(pos).release()
-            self._side.pending.append(PieceReceived(plan.pieces[pos], self._buffers.pop(pos)))
-
-    def _new_buffer(self, length: int) -> bytearray:
-        pool = self._pool
-        if pool and self.plan is not None and length == self.plan.piece_size:
-            return pool.pop()  # old bytes: every block of the piece overwrites its part
-        return bytearray(length)
+        assembly.have[ordinal] = 1
+        self._loss.arrived(ordinal, flags)
+        assembly.remaining[pos] -= 1
+        if assembly.remaining[pos] == 0:
+            self._side.pending.append(PieceReceived(plan.pieces[pos], assembly.complete(pos)))
 
     def recycle(self, data: bytes | bytearray) -> None:
         """The edge is done with a :class:`PieceReceived`'s buffer (checked, and copied or
         written where it goes): it may hold the next piece. A fresh 4 MiB buffer per piece
         costs its zeroing and page faults, as much as decrypting into it."""
-        if (
-            isinstance(data, bytearray)
-            and self.plan is not None
-            and len(data) == self.plan.piece_size
-            and len(self._pool) < MAX_POOLED_PIECES
-        ):
-            self._pool.append(data)
-
-    def _lost_before(self, nak_id: int) -> None:
-        """NAKs are served in order: those before ``nak_id`` still missing were lost again
-        (unless NAKed again since: the later NAK's retransmission may still come)."""
-        order = self._nak_order
-        while order and order[0][0] < nak_id:
-            old_id, ordinal = order.popleft()
-            if self._nak_id.get(ordinal) == old_id:
-                self._outstanding[ordinal] = 0.0
+        if self._assembly is not None:
+            self._assembly.recycle(data)
 
     def _count(self, seq: int, payload: int) -> None:
         stats = self.stats
         stats.datagrams += 1
         stats.bytes += payload
-        self._received_interval += 1
-        if seq > self._seq_high:
-            self._seq_high = seq
+        self._loss.counted(seq)
 
     def piece_checked(self, index: int, ok: bool) -> None:
         """The sink's verdict on a :class:`PieceReceived`; False re-requests the piece."""
-        plan = self.plan
-        if plan is None:
+        assembly = self._assembly
+        if assembly is None:
             raise LocalProtocolError("piece_checked() before ACCEPT")
-        pos = self._pos.get(index)
-        if pos is None:
-            raise LocalProtocolError(f"piece {index} was not accepted")
-        if pos not in self._checking:
-            raise LocalProtocolError(f"piece {index} is not awaiting a check")
-        self._checking.discard(pos)
-        self._attempts[pos] += 1
+        again = assembly.checked(index, ok)
         if ok:
             self.kept.append(index)
-            self._settled += 1
-        elif self._attempts[pos] >= MAX_PIECE_ATTEMPTS:
-            self.stats.hash_failures += 1
-            self.failed.append(index)
-            self._settled += 1
         else:
             self.stats.hash_failures += 1
-            ordinals = plan.ordinals(pos)
-            self._remaining[pos] = len(ordinals)
-            for ordinal in ordinals:
-                self._have[ordinal] = 0
-                if ordinal < self._scan:
-                    self._outstanding[ordinal] = 0.0
-        if self._settled == len(plan.pieces) and self.state is not ClientState.DONE:
+            if again is None:
+                self.failed.append(index)
+            else:
+                self._loss.missing_again(again)
+        if assembly.all_settled and self.state is not ClientState.DONE:
             self._finish()
 
     def cancel(self) -> None:
@@ -634,42 +491,9 @@ class ClientSession:
         return bytes(self._probe.seal_datagram(DGRAM_PROBE, 0, self.session_id, 0, b""))
 
     def _report(self, now: float, caught_up: bool = True) -> None:
-        plan = self.plan
-        assert plan is not None
-        # Gap detection: first-pass blocks arrive in ordinal order, so a missing ordinal well
-        # below the highest first-pass one seen was lost (Tsunami's retransmit requests).
-        horizon = self._first_high - REORDER_SLACK
-        pass_over = self._pass_done_at is not None and now >= self._pass_done_at
-        if self._pass_done and pass_over and caught_up:
-            horizon = plan.total
-        if horizon > self._scan:
-            have = self._have
-            for ordinal in range(self._scan, min(horizon, plan.total)):
-                if not have[ordinal]:
-                    self._outstanding[ordinal] = 0.0
-            self._scan = min(horizon, plan.total)
-        echo = max(1, int(now * 1e6))
-        naks: list[int] = []
-        for ordinal, due in self._outstanding.items():
-            # due 0.0: known lost; later: NAKed before and not seen since (maybe late)
-            if due <= now and (caught_up or due == 0.0):
-                naks.append(ordinal)
-                if len(naks) >= MAX_NAKS_PER_REPORT:
-                    break
-        for ordinal in naks:
-            self._outstanding[ordinal] = now + RENAK_TIMEOUT
-            self._nak_id[ordinal] = self._next_nak_id
-            self._nak_first.setdefault(ordinal, self._next_nak_id)
-            self._nak_order.append((self._next_nak_id, ordinal))
-            self._nak_at[ordinal] = echo
-            self._next_nak_id += 1
-        # u32 on the wire: only a server sealing absurd seqs (a compromised member) gets
-        # near it, and it then reads ~100% loss and slows down.
-        expected = min(0xFFFFFFFF, max(0, self._seq_high - self._seq_high_reported))
-        received = min(self._received_interval, expected)
-        self._seq_high_reported = self._seq_high
-        self._received_interval = 0
-        body = REPORT.pack(echo, max(0, self._seq_high), expected, received, len(naks))
-        self._side.send_sealed(Msg.REPORT, body + pack_u32s(naks))
-        self.stats.naks += len(naks)
+        assembly = self._assembly
+        assert assembly is not None
+        body, naks = self._loss.report(assembly.have, now, caught_up)
+        self._side.send_sealed(Msg.REPORT, body)
+        self.stats.naks += naks
         self.stats.reports += 1

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import enum
 import hmac
-import itertools
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from swarm.udp.batch import Batch, BatchPool, buffer_size
 from swarm.udp.control import ControlChannel
 from swarm.udp.crypto import AESGCM, FleetKey, InvalidTag, Sealer, SessionKeys, nonce
 from swarm.udp.events import (
@@ -26,28 +25,23 @@ from swarm.udp.events import (
     NeedPieces,
     PathValidated,
     PeerError,
-    RequestReceived,
     TransferDone,
 )
-from swarm.udp.rate import MIN_LOSS_SAMPLE, MIN_RATE_BPS, Pacer, adapt_rate, start_rate
+from swarm.udp.rate import MIN_RATE_BPS, Pacer, RateFeedback, start_rate
+from swarm.udp.request import pack_accept, parse_request
+from swarm.udp.schedule import SendSchedule
 from swarm.udp.wire import (
-    ACCEPT,
     BYE,
-    DGRAM,
-    DGRAM_DATA,
     DGRAM_HEADER_LEN,
     DGRAM_OVERHEAD,
     DGRAM_PROBE,
     FLAG_RETRANSMIT,
-    MAX_BLOCK_SIZE,
     MAX_CONTROL_FRAME,
     MAX_NAKS_PER_REPORT,
-    MAX_PIECES_PER_REQUEST,
     MIN_BLOCK_SIZE,
     NONCE_LEN,
     PROGRESS,
     REPORT,
-    REQUEST,
     VERSION_MAGIC,
     AuthenticationError,
     BlockPlan,
@@ -55,12 +49,8 @@ from swarm.udp.wire import (
     Msg,
     RefuseCode,
     RemoteProtocolError,
-    pack_u32s,
-    piece_count_for,
     u32s,
 )
-
-MAX_FREE_BUFFERS = 16
 
 
 class ServerState(enum.Enum):
@@ -84,23 +74,6 @@ class SenderStats:
     reports: int = 0
     batches: int = 0
     rate_changes: list[tuple[float, float]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Batch:
-    """``count`` sealed datagrams back to back in ``data``: each ``segment`` bytes but the
-    last, which may be shorter (what ``UDP_SEGMENT`` sends as ``count`` datagrams).
-    ``data`` is a view of ``buffer``, which :meth:`ServerSession.recycle` takes back."""
-
-    data: memoryview
-    segment: int
-    count: int
-    buffer: bytearray
-
-    def datagrams(self) -> list[memoryview]:
-        view = self.data
-        seg = self.segment
-        return [view[i : i + seg] for i in range(0, len(view), seg)]
 
 
 class ServerSession:
@@ -157,27 +130,14 @@ class ServerSession:
         self._target = 0.0
         self._pacer = Pacer(0.0, 2 * (MIN_BLOCK_SIZE + DGRAM_OVERHEAD))
         self._blocked = False
-        self._cut_seq = 0
-        self._grow_seq = 0
-        """First datagram after slow start's last doubling (the next one waits for a
-        report about it)."""
-        self._expected = 0
-        self._received = 0
-        self._pooled = 0
-        self._slow_start = True
-        self._next_ordinal = 0
-        self._retx: deque[int] = deque()
-        self._retx_set: set[int] = set()
-        self._retx_pieces: dict[int, int] = {}
-        """Piece index -> how many of its blocks wait in ``_retx`` (oldest NAKed first)."""
-        self._loaded: dict[int, memoryview] = {}
-        self._loading: set[int] = set()
-        self._prefetch = prefetch_pieces
-        self._cache = max(cache_pieces, prefetch_pieces + 2)
+        self._feedback = RateFeedback()
+        self._prefetch_pieces = prefetch_pieces
+        self._cache_pieces = cache_pieces
+        self._schedule: SendSchedule | None = None
+        """What is left to send and the pieces it needs; set by :meth:`accept`."""
         self._pass_done_sent = False
         self._last_echo = 0
-        self._free: list[bytearray] = []
-        """Batch buffers sent and given back (:meth:`recycle`): no allocation per batch."""
+        self._pool = BatchPool()
 
     # public surface shared with the client
     def events(self) -> list[Event]:
@@ -252,19 +212,9 @@ class ServerSession:
         elif self.state is ServerState.AWAIT_REQUEST:
             if kind != Msg.REQUEST:
                 raise RemoteProtocolError("expected REQUEST")
-            body = side.open(kind, body)
-            if len(body) < REQUEST.size:
-                raise RemoteProtocolError("short REQUEST")
-            info_hash, rate, block, count = REQUEST.unpack_from(body)
-            if not 1 <= count <= MAX_PIECES_PER_REQUEST:
-                raise RemoteProtocolError(f"REQUEST names {count} pieces")
-            pieces = u32s(body[REQUEST.size :], count, "REQUEST pieces")
-            if len(set(pieces)) != len(pieces):
-                raise RemoteProtocolError("REQUEST names a piece twice")
-            if not MIN_BLOCK_SIZE <= block <= MAX_BLOCK_SIZE:
-                raise RemoteProtocolError(f"block size {block} out of range")
+            request = parse_request(side.open(kind, body))
             self.state = ServerState.DECIDING
-            side.pending.append(RequestReceived(info_hash.hex(), pieces, rate, block))
+            side.pending.append(request)
         elif self.state is ServerState.SENDING or self.state is ServerState.AWAIT_PATH:
             body = side.open(kind, body)
             if kind == Msg.REPORT:
@@ -296,20 +246,13 @@ class ServerSession:
             raise LocalProtocolError(f"accept() in state {self.state.value}")
         missing = tuple(unavailable)
         self._plan = BlockPlan(pieces, piece_size, total_size, block_size)
+        self._schedule = SendSchedule(self._plan, self._prefetch_pieces, self._cache_pieces)
         self._requested_rate = float(max(MIN_RATE_BPS, rate_bps))
         self._target = min(self._requested_rate, self.rate_cap)
         wire = block_size + DGRAM_OVERHEAD
         self._pacer = Pacer(start_rate(self._target, path_rtt), 2 * wire)
-        self._slow_start = True
-        self._grow_seq = 0
-        body = ACCEPT.pack(
-            piece_size,
-            piece_count_for(total_size, piece_size),
-            total_size,
-            block_size,
-            int(self._target),
-            len(missing),
-        ) + pack_u32s(missing)
+        self._feedback = RateFeedback()
+        body = pack_accept(piece_size, total_size, block_size, int(self._target), missing)
         self._side.send_sealed(Msg.ACCEPT, body)
         self.state = ServerState.AWAIT_PATH
         self._want_pieces()
@@ -334,66 +277,34 @@ class ServerSession:
         if count > MAX_NAKS_PER_REPORT:
             raise RemoteProtocolError(f"REPORT with {count} NAKs")
         naks = u32s(body[REPORT.size :], count, "REPORT naks")
-        assert self._plan is not None
+        schedule = self._schedule
+        assert schedule is not None
         self.stats.reports += 1
         self._last_echo = echo
-        plan = self._plan
-        total = plan.total
-        retx_pieces = self._retx_pieces
+        total = schedule.plan.total
         for ordinal in naks:
             if ordinal >= total:
                 raise RemoteProtocolError(f"NAK for block {ordinal} of {total}")
-            if ordinal not in self._retx_set:
-                self._retx_set.add(ordinal)
-                self._retx.append(ordinal)
-                piece = plan.pieces[plan.locate(ordinal)[0]]
-                retx_pieces[piece] = retx_pieces.get(piece, 0) + 1
+            schedule.nak(ordinal)
         self.stats.naks += len(naks)
         if naks:
             self._pass_done_sent = False
-        # seq_high - expected: the first datagram the report's interval describes.
-        if self.state is ServerState.SENDING and seq_high - expected >= self._cut_seq:
-            # Reports are pooled until they hold MIN_LOSS_SAMPLE datagrams: at a low rate one
-            # interval holds too few, and the rate would never move again.
-            self._expected += expected
-            self._received += min(received, expected)
-            self._pooled += 1
-            new, decreased = adapt_rate(
-                self.rate,
-                self._target,
-                self._expected,
-                self._received,
-                self._pooled,
-                self._slow_start,
+        if self.state is ServerState.SENDING:
+            next_seq = self._data.counter if self._data is not None else 0
+            new = self._feedback.on_report(
+                self.rate, self._target, seq_high, expected, received, next_seq
             )
-            if self._expected >= MIN_LOSS_SAMPLE:
-                self._expected = self._received = self._pooled = 0
-            if self._slow_start and not decreased and new > self.rate:
-                # Slow start doubles once per feedback loop, as TCP's does per RTT: the
-                # reports of the next round trip describe the old rate, and doubling on
-                # each (every 50 ms) took a far session from an eighth of its 1 Gbit
-                # target to all of it before the first loss came back from behind a
-                # 200 Mbit link (0.4-0.9 MB/s goodput, RTT bloated to 0.5 s).
-                if seq_high - expected < self._grow_seq:
-                    new = self.rate
-                else:
-                    self._grow_seq = self._data.counter if self._data is not None else 0
-            if decreased:
-                self._slow_start = False
-                # One cut per feedback loop (NewReno's `recover`, RFC 6582): reports about
-                # datagrams sent before this cut describe the old rate; ignore them.
-                self._cut_seq = self._data.counter if self._data is not None else 0
-                self._expected = self._received = self._pooled = 0
-            if new != self.rate:
-                self.stats.rate_changes.append((now, new))
-            self.rate = new
+            if new is not None:
+                if new != self.rate:
+                    self.stats.rate_changes.append((now, new))
+                self.rate = new
         self._send_progress(echo)
         self._want_pieces()
 
     def _send_progress(self, echo: int) -> None:
         # pass_done: every block was sent once and every NAK received so far (up to the
         # report stamped `served`) was served; the receiver NAKs what is still missing.
-        done = self._plan is not None and self._next_ordinal >= self._plan.total and not self._retx
+        done = self._schedule is not None and self._schedule.done
         served = self._last_echo if done else 0
         stats = self.stats
         body = PROGRESS.pack(echo, served, int(self.rate), stats.datagrams, stats.bytes, done)
@@ -437,73 +348,41 @@ class ServerSession:
         return True
 
     def piece_loaded(self, index: int, data: bytes | memoryview) -> None:
-        if self._plan is None:
+        schedule = self._schedule
+        if schedule is None:
             raise LocalProtocolError("piece_loaded() before accept()")
-        if len(data) != self._plan.piece_length(index):
-            raise LocalProtocolError(
-                f"piece {index} is {len(data)} bytes, expected {self._plan.piece_length(index)}"
-            )
-        self._loading.discard(index)
-        self._loaded[index] = memoryview(data)
+        schedule.add(index, data)
         self._blocked = False
-        self._evict()
-
-    def _evict(self) -> None:
-        if len(self._loaded) <= self._cache:
-            return
-        plan = self._plan
-        assert plan is not None
-        needed = set(self._retx_pieces)
-        if self._next_ordinal < plan.total:
-            pos = plan.locate(self._next_ordinal)[0]
-            needed.update(plan.pieces[pos : pos + self._prefetch + 1])
-        for index in list(self._loaded):
-            if len(self._loaded) <= self._cache:
-                break
-            if index not in needed:
-                del self._loaded[index]
+        schedule.evict()
 
     def _want_pieces(self) -> None:
-        plan = self._plan
-        if plan is None or self.state is ServerState.DONE:
+        schedule = self._schedule
+        if schedule is None or self.state is ServerState.DONE:
             return
-        want = list(itertools.islice(self._retx_pieces, self._cache))
-        if self._next_ordinal < plan.total:
-            pos = plan.locate(self._next_ordinal)[0]
-            want.extend(plan.pieces[pos : pos + self._prefetch + 1])
-        new = []
-        for index in want:
-            if index not in self._loaded and index not in self._loading:
-                self._loading.add(index)
-                new.append(index)
+        new = schedule.want()
         if new:
             self._side.pending.append(NeedPieces(tuple(new)))
 
     def recycle(self, batch: Batch) -> None:
         """The edge has sent ``batch`` and keeps no view of it: its buffer may carry the
         next batch (allocating and zeroing 64 KiB per batch cost more than sealing it)."""
-        batch.data.release()
         plan = self._plan
-        if (
-            plan is not None
-            and len(self._free) < MAX_FREE_BUFFERS
-            and len(batch.buffer) == self._buffer_size(plan)
-        ):
-            self._free.append(batch.buffer)
+        self._pool.recycle(batch, self._buffer_size(plan) if plan is not None else None)
 
     def _buffer_size(self, plan: BlockPlan) -> int:
-        wire_block = plan.block_size + DGRAM_OVERHEAD
-        return max(1, min(self.max_batch_segments, self.max_batch_bytes // wire_block)) * wire_block
+        return buffer_size(plan.block_size, self.max_batch_segments, self.max_batch_bytes)
 
     def next_timer(self, now: float) -> float | None:
         """When :meth:`handle_timer_batches` has a batch to send (a batch's worth of tokens,
         or a full bucket); None while idle or blocked."""
-        if self.state is not ServerState.SENDING or self._plan is None or self.rate <= 0:
+        schedule = self._schedule
+        if self.state is not ServerState.SENDING or schedule is None or self.rate <= 0:
             return None
-        if self._blocked or (not self._retx and self._next_ordinal >= self._plan.total):
+        if self._blocked or schedule.done:
             return None
         self._pacer.refill(now)
-        return self._pacer.when(now, max(self._plan.block_size + DGRAM_OVERHEAD, self.wake_bytes))
+        wire_block = schedule.plan.block_size + DGRAM_OVERHEAD
+        return self._pacer.when(now, max(wire_block, self.wake_bytes))
 
     def handle_timer(self, now: float, limit: int = 64) -> list[memoryview]:
         """Datagrams due by ``now`` (at most ``limit``), one by one: a convenience over
@@ -522,33 +401,28 @@ class ServerSession:
 
         The first pass is sealed in runs of one piece's full-size blocks straight into the
         batch buffer: per datagram, one header ``pack_into`` and one AEAD call."""
-        plan = self._plan
+        schedule = self._schedule
         sealer = self._data
-        if self.state is not ServerState.SENDING or plan is None or sealer is None:
+        if self.state is not ServerState.SENDING or schedule is None or sealer is None:
             return []
+        plan = schedule.plan
         pacer = self._pacer
         tokens = pacer.refill(now)
-        batches: list[Batch] = []
         sid = self.session_id
-        loaded = self._loaded
-        retx = self._retx
+        loaded = schedule.loaded
+        retx = schedule.retx
         pieces = plan.pieces
         block = plan.block_size
         wire_block = block + DGRAM_OVERHEAD
         capacity = self._buffer_size(plan) // wire_block
-        pack_into = DGRAM.pack_into
-        encrypt_into = sealer.aead.encrypt_into
-        buf: bytearray | None = None
-        view = memoryview(b"")
-        segment = used = count = 0
+        out = self._pool.writer(capacity, wire_block, max_batches)
         sent = retransmits = sent_bytes = 0
         retx_waits = False
-        free = self._free
         while sent < limit:
             if retx and not retx_waits:
                 ordinal, flags = retx[0], FLAG_RETRANSMIT
-            elif self._next_ordinal < plan.total:
-                ordinal, flags = self._next_ordinal, 0
+            elif schedule.next_ordinal < plan.total:
+                ordinal, flags = schedule.next_ordinal, 0
             else:
                 if retx_waits:
                     self._blocked = True
@@ -570,41 +444,23 @@ class ServerSession:
             size = length + DGRAM_OVERHEAD
             if tokens < size - 1:  # 1 byte of slack for float rounding
                 break
-            if buf is not None and (size > segment or count >= capacity):
-                batches.append(Batch(view[:used], segment, count, buf))
-                buf = None
-                if len(batches) >= max_batches:
-                    break
-            if buf is None:
-                buf = free.pop() if free else bytearray(capacity * wire_block)
-                view = memoryview(buf)
-                segment, used, count = size, 0, 0
+            if not out.make_room(size):
+                break
             if flags or length != block:
                 # One datagram: a retransmission, or a piece's short last block.
                 tokens -= size
                 if flags:
-                    retx.popleft()
-                    self._retx_set.discard(ordinal)
-                    piece_index = pieces[pos]
-                    left = self._retx_pieces[piece_index] - 1
-                    if left:
-                        self._retx_pieces[piece_index] = left
-                    else:
-                        del self._retx_pieces[piece_index]
+                    schedule.retransmitted(ordinal, pieces[pos])
                     retransmits += 1
                 else:
-                    self._next_ordinal += 1
-                used += sealer.seal_datagram_into(
-                    view[used:], DGRAM_DATA, flags, sid, ordinal, piece[offset : offset + length]
-                )
-                count += 1
+                    schedule.next_ordinal += 1
+                out.seal(sealer, flags, sid, ordinal, piece[offset : offset + length])
                 sent += 1
                 sent_bytes += size
                 if length != block:
                     # A short datagram can only end a GSO batch.
-                    batches.append(Batch(view[:used], segment, count, buf))
-                    buf = None
-                    if len(batches) >= max_batches:
+                    out.close()
+                    if out.done:
                         break
                 continue
             # A run of first-pass full blocks of this piece, as many as tokens, the batch
@@ -613,44 +469,22 @@ class ServerSession:
             run = min(
                 full_end - ordinal,
                 int((tokens + 1) // wire_block),
-                capacity - count,
+                capacity - out.count,
                 limit - sent,
             )
-            seq = sealer.counter
-            for _ in range(run):
-                pack_into(view, used, DGRAM_DATA, 0, sid, seq, ordinal)
-                header_end = used + DGRAM_HEADER_LEN
-                used = header_end + wire_block - DGRAM_HEADER_LEN
-                encrypt_into(
-                    seq.to_bytes(12, "big"),
-                    piece[offset : offset + block],
-                    view[header_end - DGRAM_HEADER_LEN : header_end],
-                    view[header_end:used],
-                )
-                seq += 1
-                ordinal += 1
-                offset += block
-            sealer.counter = seq
-            self._next_ordinal = ordinal
+            out.seal_run(sealer, sid, ordinal, piece, offset, block, run)
+            schedule.next_ordinal = ordinal + run
             tokens -= run * wire_block
-            count += run
             sent += run
             sent_bytes += run * wire_block
-        if buf is not None:
-            if count:
-                batches.append(Batch(view[:used], segment, count, buf))
-            else:
-                free.append(buf)
+        batches = out.finish()
         pacer.tokens = tokens
         stats = self.stats
         stats.datagrams += sent
         stats.bytes += sent_bytes
         stats.retransmits += retransmits
         stats.batches += len(batches)
-        if sent and self._next_ordinal < plan.total:
-            pos = plan.locate(self._next_ordinal)[0]
-            ahead = pieces[pos : pos + self._prefetch + 1]
-            if any(i not in loaded and i not in self._loading for i in ahead):
-                self._want_pieces()
-                self._evict()
+        if sent and schedule.short_ahead():
+            self._want_pieces()
+            schedule.evict()
         return batches

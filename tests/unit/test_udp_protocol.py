@@ -545,7 +545,7 @@ def test_forged_data_datagrams_are_dropped_and_counted() -> None:
 def test_nak_out_of_range_is_a_remote_error() -> None:
     server, client = accepted_pair()
     client.state = p.ClientState.RECEIVING
-    client._outstanding[999] = 0.0
+    client._loss.outstanding[999] = 0.0
     client._report(1.0)
     with pytest.raises(p.RemoteProtocolError, match="NAK for block 999"):
         server.receive_control(client.data_to_send(), 1.0)
@@ -631,7 +631,7 @@ def test_a_batch_holds_one_piece_run_and_ends_with_a_short_block() -> None:
     buffers = [b.buffer for b in batches]
     for batch in batches:
         server.recycle(batch)
-    assert server._free == buffers  # reused, not reallocated, by the next batches
+    assert server._pool.free == buffers  # reused, not reallocated, by the next batches
 
 
 def test_a_lagging_receiver_does_not_nak_the_tail() -> None:
@@ -668,15 +668,16 @@ def test_a_retransmission_proves_losses_only_before_its_first_nak() -> None:
     _, client = accepted_pair()
     client.state = p.ClientState.RECEIVING
     a, b, c = 0, 1, 2
+    loss = client._loss
     for ordinal in (a, b, c):
-        client._outstanding[ordinal] = 0.0
+        loss.outstanding[ordinal] = 0.0
     client._report(1.0)  # ids 0, 1, 2
-    client._outstanding[a] = 0.0
+    loss.outstanding[a] = 0.0
     client._report(3.0)  # A again: id 3
-    assert client._nak_first[a] == 0 and client._nak_id[a] == 3
-    client._have[a] = 0
-    client._lost_before(client._nak_first.pop(a) - p.REORDER_SLACK)
-    assert client._outstanding[b] > 3.0 and client._outstanding[c] > 3.0
+    assert loss.nak_first[a] == 0 and loss.nak_id[a] == 3
+    client._assembly.have[a] = 0
+    loss.lost_before(loss.nak_first.pop(a) - p.REORDER_SLACK)
+    assert loss.outstanding[b] > 3.0 and loss.outstanding[c] > 3.0
 
 
 def test_a_retransmission_waiting_for_its_piece_does_not_stall_the_first_pass() -> None:
@@ -686,8 +687,8 @@ def test_a_retransmission_waiting_for_its_piece_does_not_stall_the_first_pass() 
             for index in event.pieces:
                 server.piece_loaded(index, bytes(4096 if index == 0 else 8000 - 4096))
     server.receive_datagram(client.handle_timer(0.0)[0], CLIENT_IP)
-    server._next_ordinal = 4  # piece 0 was sent, and left the cache...
-    del server._loaded[0]
+    server._schedule.next_ordinal = 4  # piece 0 was sent, and left the cache...
+    del server._schedule.loaded[0]
     server.handle_timer(0.5)  # the pacer's first tick
     server._on_report(wire.REPORT.pack(1, 3, 4, 3, 1) + struct.pack("!I", 2), 0.1)  # ...one lost
     server.rate = 1e9
