@@ -7,7 +7,8 @@
   :mod:`~swarm.udp.batch`) and :mod:`~swarm.udp.receiver` (with :mod:`~swarm.udp.assembly`
   and :mod:`~swarm.udp.loss`);
 - :mod:`swarm.udp.datapath`: UDP sockets with GSO sends, GRO receives, no IP fragments;
-- :class:`UdpServer`: what every daemon runs to serve the pieces it holds;
+- :class:`UdpServer`: what every daemon runs to serve the pieces it holds, looked up in a
+  :class:`PieceProvider` (:mod:`swarm.udp.pieces`);
 - :func:`fetch_pieces` / :func:`fetch_pieces_sync`: what the agent's UDP source calls.
 
 Off without a fleet secret: :func:`secret_from_env` returns None when ``SWARM_SECRET`` is
@@ -27,15 +28,9 @@ from swarm.udp.client import (
     fetch_pieces,
     fetch_pieces_sync,
 )
+from swarm.udp.pieces import ArtifactPieces, FilePieces, PieceProvider, StaticProvider
 from swarm.udp.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_PORT, MIN_SECRET_LEN
-from swarm.udp.server import (
-    DEFAULT_RATE_CAP_BPS,
-    ArtifactPieces,
-    FilePieces,
-    PieceProvider,
-    StaticProvider,
-    UdpServer,
-)
+from swarm.udp.server import DEFAULT_RATE_CAP_BPS, UdpServer
 
 
 def secret_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:

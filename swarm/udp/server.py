@@ -9,7 +9,8 @@ each sent with one ``sendmsg`` (UDP GSO); blocks fit the route's MTU (no IP frag
 What the server guarantees whatever a client does:
 
 - nothing is read or sent before the client proved the fleet secret;
-- a request names an info-hash, looked up in the :class:`PieceProvider`; never a path;
+- a request names an info-hash, looked up in the :class:`~swarm.udp.pieces.PieceProvider`;
+  never a path;
 - data goes only to the control connection's IP, at the UDP port a sealed PROBE came from;
   an unauthenticated datagram gets no answer at all (0 bytes: no reflection, no
   amplification), and a forged one is counted in :attr:`UdpServer.forged_datagrams`;
@@ -20,15 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import mmap
 import os
 import socket
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
 from swarm.udp import protocol as p
 from swarm.udp.datapath import (
@@ -40,6 +36,7 @@ from swarm.udp.datapath import (
     route_mtu,
     tune_buffers,
 )
+from swarm.udp.pieces import ArtifactPieces, PieceProvider
 
 log = logging.getLogger(__name__)
 
@@ -55,77 +52,6 @@ recycled): up to 1,024 datagrams, 16 x 64 KiB. More is due at once after a late 
 next turn follows without sleeping."""
 IDLE_TIMEOUT = 30.0
 """Seconds without a control frame from the client (it reports every 50 ms)."""
-
-
-class ArtifactPieces(Protocol):
-    """The pieces of one artifact this node holds."""
-
-    @property
-    def piece_size(self) -> int: ...
-
-    @property
-    def piece_count(self) -> int: ...
-
-    @property
-    def total_size(self) -> int: ...
-
-    def has(self, index: int) -> bool: ...
-
-    def read(self, index: int) -> bytes | memoryview:
-        """The piece's bytes (blocking is fine: called in a worker thread)."""
-        ...
-
-
-class PieceProvider(Protocol):
-    def lookup(self, info_hash_hex: str) -> ArtifactPieces | None:
-        """The artifact with this info-hash (lowercase hex), or None if we have none."""
-        ...
-
-
-@dataclass(frozen=True)
-class FilePieces:
-    """A complete file as :class:`ArtifactPieces` (a seeder's artifact, tests, bench).
-
-    Pieces are views of one read-only memory map of the file: the sender seals straight
-    from the page cache, with no copy and no allocation per piece. The file must not
-    shrink while it is served (a read checks its size first)."""
-
-    path: Path
-    piece_size: int
-    total_size: int
-
-    @classmethod
-    def open(cls, path: Path | str, piece_size: int) -> FilePieces:
-        return cls(Path(path), piece_size, Path(path).stat().st_size)
-
-    @property
-    def piece_count(self) -> int:
-        return p.piece_count_for(self.total_size, self.piece_size)
-
-    def has(self, index: int) -> bool:
-        return 0 <= index < self.piece_count
-
-    @functools.cached_property
-    def _map(self) -> mmap.mmap:
-        with self.path.open("rb") as f:
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-    def read(self, index: int) -> memoryview:
-        offset = index * self.piece_size
-        length = min(self.piece_size, self.total_size - offset)
-        if self.path.stat().st_size < offset + length or len(self._map) < offset + length:
-            raise OSError(f"{self.path}: short read of piece {index} (the file shrank)")
-        return memoryview(self._map)[offset : offset + length]
-
-
-class StaticProvider:
-    """A fixed map of info-hash (hex) -> pieces."""
-
-    def __init__(self, artifacts: dict[str, ArtifactPieces]) -> None:
-        self._artifacts = {k.lower(): v for k, v in artifacts.items()}
-
-    def lookup(self, info_hash_hex: str) -> ArtifactPieces | None:
-        return self._artifacts.get(info_hash_hex.lower())
 
 
 class _Conn:
@@ -536,10 +462,6 @@ class UdpServer:
 __all__ = [
     "DEFAULT_RATE_CAP_BPS",
     "SOCKET_BUFFER",
-    "ArtifactPieces",
-    "FilePieces",
-    "PieceProvider",
-    "StaticProvider",
     "UdpServer",
     "tune_buffers",
 ]
