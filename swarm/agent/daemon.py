@@ -57,7 +57,8 @@ from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
 from swarm.objectstore import make_client
-from swarm.sources.peers import DEFAULT_PORT, TorrentSession
+from swarm.sources.ltsettings import DEFAULT_PORT
+from swarm.sources.peers import TorrentSession
 
 log = logging.getLogger(__name__)
 
