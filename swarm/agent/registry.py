@@ -11,8 +11,10 @@ or ``data/IH/NAME`` for artifacts fetched with no DEST of their own (seeders, ``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -156,7 +158,10 @@ def save_record(
         "verified": verified,
     }
     if verified:  # which file was verified: another one there later is not seeded
-        body["file"] = list(file_identity(path) or ())
+        identity = file_identity(path)
+        if identity is None:
+            raise FileNotFoundError(errno.ENOENT, "the verified file is gone", str(path))
+        body["file"] = list(identity)
     tmp.write_text(json.dumps(body))
     os.replace(tmp, record)
 
@@ -172,8 +177,11 @@ def load_record(home: Path, manifest: Manifest) -> tuple[Path, Path | None, bool
         dest = Path(body["dest"]) if body.get("dest") else None
         verified = bool(body.get("verified"))
         if verified and body.get("file") is not None:
-            path.stat()  # gone: FileNotFoundError, below
-            if list(body["file"]) != list(file_identity(path) or ()):
+            identity = file_identity(path)
+            if identity is None:
+                raise FileNotFoundError(path)
+            # a directory's identity is a prefix of what records of older versions hold
+            if list(body["file"])[: len(identity)] != list(identity):
                 raise FileReplacedError(path)
     except FileNotFoundError:
         return path if record.exists() else default, None, False
@@ -190,11 +198,17 @@ FileIdentity = tuple[int, ...]
 def file_identity(path: Path) -> FileIdentity | None:
     """What tells the verified file from another later put at its path (None: nothing
     there). Not the inode number alone: a deleted file's number is handed to the next file
-    created, and another fetch's artifact at DEST then passed for this one."""
+    created, and another fetch's artifact at DEST then passed for this one; a file
+    rewritten in place (``cp other DEST``) keeps its number. A directory (a tree artifact)
+    is its inode: an application's own files created inside it (a cache, a lock) change
+    its mtime without replacing it, and its files are the manifest's, which libtorrent
+    and the peers' piece checks guard."""
     try:
         found = path.stat()
     except OSError:
         return None
+    if stat.S_ISDIR(found.st_mode):
+        return (found.st_ino,)
     return (found.st_ino, found.st_size, found.st_mtime_ns)
 
 

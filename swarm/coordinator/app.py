@@ -19,9 +19,9 @@ replies 200 with::
      "members": ["10.0.0.1", ...]          # only when the node needs the whole list
      "members_delta": ["+10.0.0.7", "-10.0.0.2", ...]}   # or only the changes
 
-- ``interval`` (:func:`report_interval`) grows with the fleet so that the coordinators
-  together receive at most ``report_budget`` reports a second (1 s up to 2,000 nodes
-  at the default budget; 2.5 s at 5,000), between ``REPORT_INTERVAL`` and
+- ``interval`` (:func:`swarm.coordinator.load.report_interval`) grows with the fleet so
+  that the coordinators together receive at most ``report_budget`` reports a second (1 s
+  up to 2,000 nodes at the default budget; 2.5 s at 5,000), between ``REPORT_INTERVAL`` and
   ``MAX_REPORT_INTERVAL``. A node may report sooner when something happened (a new fetch,
   a stripe finished); nodes that do not follow it are still answered.
 - Membership (the IPs of the nodes that report, for the fleet's peer filter): a node
@@ -42,7 +42,7 @@ replies 200 with::
 
 The work per report and per announce does not grow with the fleet (issue 12): the store
 and the planner keep indexes updated per request, stale state is swept on a timer, and
-a reply holds one plan per reported artifact (at most ``MAX_PLANS``) and stripes of at
+a reply holds one plan per reported artifact (at most :data:`.handlers.MAX_PLANS`) and stripes of at
 most ``MAX_STRIPE_PIECES`` pieces; only membership changes are sent with it.
 
 All the logic is in ``tracker`` (codec), ``fleet`` (state), ``origin`` (plans), ``load``
@@ -155,7 +155,7 @@ def make_app(
         token: the fleet token (:func:`swarm.fleetauth.fleet_token`); when set, announces,
             reports, the fleet view and metrics answer 403 without it.
         report_budget: reports per second this coordinator asks the fleet for
-            (:func:`report_interval`).
+            (:func:`swarm.coordinator.load.report_interval`).
         workers: threads that run the store's and planner's work (0: on the event loop,
             right for the in-memory store; ``WORKERS`` for Redis, see
             :func:`.handlers._offload`).

@@ -21,7 +21,7 @@ included), at interpreter exit and on SIGTERM/SIGHUP (best effort, main thread o
     with Lab("fl") as lab:
         a = lab.host("a", up_mbit=100, down_mbit=100)
         b = lab.host("b", up_mbit=100, down_mbit=100)
-        print(measure_tcp(a, b, 20 << 20))   # ~12 MB/s: tbf holds
+        print(tcpmeasure.measure_tcp(a, b, 20 << 20))   # ~12 MB/s: tbf holds
 
 Needs root and ``ip`` (iproute2) with ``ip netns``; :func:`lab_unavailable` says why not.
 :class:`swarm.lab.hosts.LocalHost` is the same interface on loopback, without namespaces.

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import boto3
 import fastbencode
 import pytest
 
+from swarm.agent.serve import WATCH_INTERVAL
 from swarm.pieces import write_random_file
 from tests.servers import _answers, free_port, wait_until
 from tests.swarmnet import SWARM, Swarm, done_event
@@ -192,6 +194,12 @@ def test_directory_artifact_fetched_by_four_daemons(s3env, s3, tree_bucket, tmp_
         for node, dest in zip(nodes[:3], dests[:3], strict=True):
             (art,) = node.status()["artifacts"]
             assert art["state"] == "seeding" and art["path"] == str(dest)
+        # The application's own file in a seeded tree (a cache, a lock) changes the
+        # directory, not the artifact: the daemon goes on seeding it.
+        (dests[1] / "app.cache").write_text("the application's")
+        time.sleep(WATCH_INTERVAL * 1.5)
+        (art,) = nodes[1].status()["artifacts"]
+        assert art["state"] == "seeding" and art["path"] == str(dests[1])
 
 
 def test_no_daemon_fetch_replaces_dest_only_when_complete(s3env, s3, tree_bucket, tmp_path):
