@@ -131,7 +131,9 @@ class Completion:
                 artifact.finisher.start()
                 self._finish(artifact)
                 return
-        artifact.identity = registry.file_identity(artifact.final_path)
+        if artifact.identity is None:  # else kept from the restore: DEST is not locked
+            # during the check, and a file put there meanwhile is not the one verified
+            artifact.identity = registry.file_identity(artifact.final_path)
         artifact.verified.set()
 
     def _finish(self, artifact: Artifact) -> None:

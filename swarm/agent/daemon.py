@@ -190,6 +190,8 @@ class Daemon:
             )
             artifact.restored = True
             artifact.was_verified = verified
+            if verified:  # the file load_record compared: another put there later is not it
+                artifact.identity = registry.file_identity(artifact.final_path)
             if dest is not None and not verified:  # a fetch into DEST was under way
                 lock = DestLock(dest, self._lock_owner(manifest))
                 artifact.lock = lock if lock.try_acquire() else None
