@@ -131,9 +131,8 @@ class Completion:
                 artifact.finisher.start()
                 self._finish(artifact)
                 return
-        if artifact.identity is None:  # else kept from the restore: DEST is not locked
-            # during the check, and a file put there meanwhile is not the one verified
-            artifact.identity = registry.file_identity(artifact.final_path)
+        # artifact.identity stands as the restore recorded it: DEST is not locked during
+        # the check, and a file put there meanwhile is not the one verified
         artifact.verified.set()
 
     def _finish(self, artifact: Artifact) -> None:
@@ -172,7 +171,8 @@ class Completion:
             elif artifact.dest is not None and artifact.data_path != artifact.dest:
                 finisher.place(self.session, artifact.info_hash, artifact.data_path, artifact.dest)
                 artifact.data_path = artifact.dest
-            registry.save_record(
+            # placed: the data path is DEST (or the home's file when there is none)
+            identity = registry.save_record(
                 self.home, artifact.manifest, artifact.data_path, artifact.dest, verified=True
             )
         except IntegrityError as error:
@@ -182,7 +182,7 @@ class Completion:
             artifact.failure = (f"swarm: cannot place {artifact.manifest.name}: {error}", 1)
             log.error("%s", artifact.failure[0])
         else:
-            artifact.identity = registry.file_identity(artifact.final_path)
+            artifact.identity = identity
             artifact.verified.set()
             self.session.save_resume(artifact.info_hash)
             log.info("%s verified at %s", artifact.manifest.name, artifact.final_path)

@@ -190,8 +190,6 @@ class Daemon:
             )
             artifact.restored = True
             artifact.was_verified = verified
-            if verified:  # the file load_record compared: another put there later is not it
-                artifact.identity = registry.file_identity(artifact.final_path)
             if dest is not None and not verified:  # a fetch into DEST was under way
                 lock = DestLock(dest, self._lock_owner(manifest))
                 artifact.lock = lock if lock.try_acquire() else None
@@ -211,14 +209,19 @@ class Daemon:
             if manifest.info_hash in self.artifacts:
                 return self.artifacts[manifest.info_hash]
             data_path.parent.mkdir(parents=True, exist_ok=True)
-            registry.save_record(self.home, manifest, data_path, dest, verified)
+            identity = registry.save_record(self.home, manifest, data_path, dest, verified)
             if not data_path.exists():
                 ensure_space(data_path.parent, manifest.size)
             state = self.session.add(manifest, data_path, self.trackers, trust_resume=trust_resume)
             for address in self.extra_peers:
                 state.handle.connect_peer(address)
             artifact = Artifact(
-                manifest, TorrentSink(self.session, manifest), data_path, dest, set(sources)
+                manifest,
+                TorrentSink(self.session, manifest),
+                data_path,
+                dest,
+                set(sources),
+                identity=identity,  # a restored verified file's, as load_record compared it
             )
             self.artifacts[manifest.info_hash] = artifact
             return artifact

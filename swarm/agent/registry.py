@@ -146,8 +146,9 @@ def data_path_for(home: Path, manifest: Manifest, dest: Path | None) -> Path:
 
 def save_record(
     home: Path, manifest: Manifest, path: Path, dest: Path | None, verified: bool = False
-) -> None:
-    """Remember the artifact and where its data is (atomically: a crash leaves the old)."""
+) -> FileIdentity | None:
+    """Remember the artifact and where its data is (atomically: a crash leaves the old);
+    for a verified one, which file that is (:func:`file_identity`, returned)."""
     folder = home / "artifacts"
     (folder / f"{manifest.info_hash}.swarm").write_bytes(manifest.dumps())
     record = folder / f"{manifest.info_hash}.json"
@@ -157,6 +158,7 @@ def save_record(
         "dest": str(dest) if dest else None,
         "verified": verified,
     }
+    identity = None
     if verified:  # which file was verified: another one there later is not seeded
         identity = file_identity(path)
         if identity is None:
@@ -164,6 +166,7 @@ def save_record(
         body["file"] = list(identity)
     tmp.write_text(json.dumps(body))
     os.replace(tmp, record)
+    return identity
 
 
 def load_record(home: Path, manifest: Manifest) -> tuple[Path, Path | None, bool]:
