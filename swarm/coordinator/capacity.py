@@ -36,6 +36,7 @@ striping (S3 looks smaller than it is).
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import deque
@@ -45,6 +46,8 @@ from typing import Final
 
 from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
 from swarm.coordinator.planstate import drop_artifacts
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_PERIOD: Final = 1.0
 """Seconds an artifact's allocation is reused before it is recomputed from the book."""
@@ -271,6 +274,17 @@ class CapacityBook:
             origin_peak=art.origin_peak,
             together=art.together,
         )
+        if log.isEnabledFor(logging.DEBUG):
+            shown = [
+                (round(k.down), round(k.up), round(k.peers), round(k.s3))
+                for k in art.links.values()
+            ]
+            log.debug(
+                "snapshot %s: S3 %s/s per reader x %d readers, origin peak %.0f/s, together "
+                "%.0f/s; links (down, up, peers, S3 peak) %s -> %s",
+                info_hash[:8], s3_per_reader, readers, art.origin_peak, art.together,
+                shown, snap,
+            )  # fmt: skip
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             plan = allocate(snap)
             if (

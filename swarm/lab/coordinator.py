@@ -29,9 +29,12 @@ class Coordinator:
         port: int = COORDINATOR_PORT,
         db: Path | None = None,
         args: tuple[str, ...] = (),
+        verbose: int = 0,
     ) -> None:
         self.host = host
         self.args = args
+        self.verbose = verbose
+        """``swarm -v`` count (2: debug, e.g. each allocation's inputs in its log)."""
         """More ``swarm coordinator`` options (e.g. ``--origin-rate unlimited``)."""
         self.env = env
         self.log = log
@@ -49,7 +52,8 @@ class Coordinator:
         """Start it (a running one is stopped first); unless ``wait`` is false, return
         once it answers."""
         self.stop()
-        args = [*SWARM, "coordinator", "--listen", f"{self.host.ip}:{self.port}"]
+        verbosity = [f"-{'v' * self.verbose}"] if self.verbose else []
+        args = [*SWARM, *verbosity, "coordinator", "--listen", f"{self.host.ip}:{self.port}"]
         if self.db is not None:
             args += ["--db", str(self.db)]
         args += self.args

@@ -173,7 +173,10 @@ class Fleet:
             "SWARM_SECRET": FLEET_SECRET,
         }
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
-        self.coordinator = Coordinator(self.origin, self.env, work / "coordinator.log")
+        # kept runs log each allocation's inputs (the capacity book's debug lines)
+        self.coordinator = Coordinator(
+            self.origin, self.env, work / "coordinator.log", verbose=2 if keep else 0
+        )
 
     # -- origin -----------------------------------------------------------------------------
 
