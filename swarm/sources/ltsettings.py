@@ -12,14 +12,34 @@ import libtorrent as lt
 
 DEFAULT_PORT = 6881
 
+SEND_BUFFERS: dict[str, int] = {
+    "send_buffer_watermark": 512_000,
+    "send_buffer_low_watermark": 10_240,
+    "send_buffer_watermark_factor": 50,
+    "send_not_sent_low_watermark": 16_384,
+}
+"""libtorrent's own defaults for a peer connection's send buffers (about half a second of
+the connection's upload rate in libtorrent, at most 500 KB; 16 KiB unsent in the kernel,
+``TCP_NOTSENT_LOWAT``), where ``high_performance_seed`` keeps 1-3 MiB and 512 KiB for a
+pure seed. A node downloads while it uploads, and each request it sends a peer waits
+behind the piece data queued to that peer on the same connection. In the mixed fleet at
+a quarter of the rates (25 Mbit uplinks shared by seven peers), ``ss`` showed 0.5-1.1 MB
+unsent per connection and the peers' logs request queues of 4-8 blocks from the nodes
+whose uplinks were fullest: their requests waited seconds, and they got 40-60 KB/s from
+each peer while the others got 300-900. The kernel's in-flight data (the congestion
+window) is not limited by these, only what waits to be sent."""
+
 
 def session_settings(
     listen_ip: str, port: int, upload_limit: int = 0, peer_id_prefix: str = "-SW0100-"
 ) -> Any:
     """The session's settings, chosen for a private fleet on a fast LAN/VPC.
 
-    Starts from libtorrent's ``high_performance_seed`` preset (deep send buffers, big
-    request queues, many connections), then:
+    Starts from libtorrent's ``high_performance_seed`` preset (big request queues, many
+    connections), then:
+
+    - send buffers back to libtorrent's defaults (:data:`SEND_BUFFERS`): the preset's
+      deep ones delay a downloading node's requests behind its uploads;
 
     - bind listen *and* outgoing sockets to ``listen_ip`` so several nodes can share a
       host (one loopback address each) and the tracker sees the node's own address;
@@ -59,6 +79,11 @@ def session_settings(
             "active_limit": -1,
             "peer_fingerprint": peer_id_prefix,
             "user_agent": "swarm/0.1 libtorrent/" + lt.__version__,
+            # A node downloads while it uploads, and its requests to a peer queue behind
+            # the piece data it sends that peer (one TCP stream each way): the seed
+            # preset's send buffers (1-3 MiB in libtorrent, 512 KiB unsent in the kernel)
+            # held them back seconds on a saturated uplink (see SEND_BUFFERS).
+            **SEND_BUFFERS,
             "min_reconnect_time": 1,
             "peer_connect_timeout": 3,
             "tracker_completion_timeout": 10,
