@@ -6,7 +6,7 @@ disk back end (:data:`DISK_IO`), chosen for a private fleet on a fast LAN/VPC.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import libtorrent as lt
 
@@ -79,11 +79,6 @@ def session_settings(
             "active_limit": -1,
             "peer_fingerprint": peer_id_prefix,
             "user_agent": "swarm/0.1 libtorrent/" + lt.__version__,
-            # A node downloads while it uploads, and its requests to a peer queue behind
-            # the piece data it sends that peer (one TCP stream each way): the seed
-            # preset's send buffers (1-3 MiB in libtorrent, 512 KiB unsent in the kernel)
-            # held them back seconds on a saturated uplink (see SEND_BUFFERS).
-            **SEND_BUFFERS,
             "min_reconnect_time": 1,
             "peer_connect_timeout": 3,
             "tracker_completion_timeout": 10,
@@ -108,6 +103,11 @@ def session_settings(
             "listen_system_port_fallback": False,
         }
     )
+    # A node downloads while it uploads, and its requests to a peer queue behind the piece
+    # data it sends that peer (one TCP stream each way): the seed preset's send buffers
+    # (1-3 MiB in libtorrent, 512 KiB unsent in the kernel) held them back seconds on a
+    # saturated uplink (see SEND_BUFFERS).
+    settings.update(cast(Any, SEND_BUFFERS))  # the stubs' pack takes literal keys only
     return settings
 
 
