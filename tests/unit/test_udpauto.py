@@ -5,6 +5,7 @@ probe, when to stay, what to pull; the rate it competes with; and the round-trip
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import socket
 from collections.abc import Iterator
@@ -195,10 +196,14 @@ def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -
 
 
 def test_far_nodes_spread_over_equal_seeds() -> None:
+    """Sixteen far nodes, each breaking ties with the daemon's hash of its id and the
+    holder (a SHA-1: the same in every process, where ``hash()`` of a string is salted
+    per process and once gave one seed all sixteen)."""
     seeds = [Holder(f"10.0.0.{i}", seed=True, pieces=[True] * 4) for i in (2, 3)]
     picks = set()
     for n in range(16):
-        pick = best_holder(seeds, [0, 1], lambda ip: False, lambda ip, n=n: hash((n, ip)) % 97)
+        tie = functools.partial(udpauto._node_hash, f"node{n:02d}")
+        pick = best_holder(seeds, [0, 1], lambda ip: False, tie)
         assert pick is not None
         picks.add(pick.ip)
     assert picks == {"10.0.0.2", "10.0.0.3"}
