@@ -177,7 +177,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         "--timeout", type=float, help="seconds per system (60 + max(10 T*, 2 N F / u_s))"
     )
     parser.add_argument("--run-timeout", type=float, default=3600.0, help="whole run (3600)")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the work directory (node logs; for swarm the coordinator's /v1/fleet "
+        "every 0.5 s in fleet-trace.jsonl and its debug log, each allocation's inputs)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.rate_scale <= 0:

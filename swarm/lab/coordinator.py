@@ -33,9 +33,9 @@ class Coordinator:
     ) -> None:
         self.host = host
         self.args = args
+        """More ``swarm coordinator`` options (e.g. ``--origin-rate unlimited``)."""
         self.verbose = verbose
         """``swarm -v`` count (2: debug, e.g. each allocation's inputs in its log)."""
-        """More ``swarm coordinator`` options (e.g. ``--origin-rate unlimited``)."""
         self.env = env
         self.log = log
         self.port = port

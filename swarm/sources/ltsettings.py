@@ -103,11 +103,9 @@ def session_settings(
             "listen_system_port_fallback": False,
         }
     )
-    # A node downloads while it uploads, and its requests to a peer queue behind the piece
-    # data it sends that peer (one TCP stream each way): the seed preset's send buffers
-    # (1-3 MiB in libtorrent, 512 KiB unsent in the kernel) held them back seconds on a
-    # saturated uplink (see SEND_BUFFERS).
-    settings.update(cast(Any, SEND_BUFFERS))  # the stubs' pack takes literal keys only
+    # the preset's send buffers undone (see SEND_BUFFERS); cast: the stubs' settings pack
+    # takes literal keys only
+    settings.update(cast(Any, SEND_BUFFERS))
     return settings
 
 
