@@ -9,6 +9,7 @@ whether to try again). The batch choice is pure (:mod:`swarm.batch`,
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -19,7 +20,10 @@ import libtorrent as lt
 from swarm.agent.direct import DirectSink
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
+from swarm.agent.rtt import s3_round_trip
+from swarm.agent.udpchoice import NEAR_RTT
 from swarm.batch import Batch, BatchKind, all_missing, planned_batch
+from swarm.policy import Mode
 from swarm.sources import PieceSink
 from swarm.sources.peers import TorrentSession, TorrentState
 from swarm.sources.s3 import S3Source, S3SourceConfig
@@ -108,6 +112,12 @@ def read_origin(
 
     upload_only = False
 
+    @functools.cache
+    def s3_far() -> bool:
+        """S3 is in another region (its round trip, measured once when a plan says ALL)."""
+        rtt = s3_round_trip(client)
+        return rtt is not None and rtt >= NEAR_RTT
+
     def retrying(reason: str | None) -> None:
         nonlocal upload_only
         if reason is not None and upload_only:
@@ -164,6 +174,13 @@ def read_origin(
                 continue
             now = time.monotonic()
             plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
+            if plan is not None and plan.mode == Mode.ALL and s3_far():
+                # ALL says S3 fills its readers' links: as nodes near it measured. Taken
+                # here it would have this node read everything across a WAN, upload-only,
+                # so never connected to the holders UDP and peers pull from (far-region:
+                # the far nodes then reported S3's rate as their links' and kept ALL for
+                # 71 s against 10). Its own policy decides, as without a plan.
+                plan = None
             batch: Batch
             status = state.status
             alone = not has_coordinator and (status is None or not status.num_peers)

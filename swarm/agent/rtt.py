@@ -10,7 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from swarm.udp.datapath import handshake_rtt
@@ -73,6 +73,13 @@ def endpoint_round_trip(url: str | None) -> float | None:
     rtts = kernel_min_rtts()
     found = [rtts[ip] for ip in {_address(f"{info[4][0]}:0") for info in infos} if ip in rtts]
     return min(found) if found else connect_rtt(parts.hostname, port)
+
+
+def s3_round_trip(client: Any) -> float | None:
+    """:func:`endpoint_round_trip` to the endpoint of an S3 client (botocore's), None
+    without one."""
+    meta = getattr(client, "meta", None)
+    return endpoint_round_trip(getattr(meta, "endpoint_url", None))
 
 
 def connect_rtt(

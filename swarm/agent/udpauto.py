@@ -24,7 +24,7 @@ import libtorrent as lt
 
 from swarm.agent.origin import InFlight
 from swarm.agent.registry import Artifact
-from swarm.agent.rtt import connect_rtt, endpoint_round_trip, kernel_min_rtts
+from swarm.agent.rtt import connect_rtt, kernel_min_rtts, s3_round_trip
 from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
     MAX_LANES,
@@ -116,12 +116,6 @@ class _Penalties:
         self.until[ip] = time.monotonic() + seconds
 
 
-def _endpoint(artifact: Artifact) -> str | None:
-    """The S3 endpoint of the artifact's client (botocore's), if any."""
-    meta = getattr(artifact.client, "meta", None)
-    return getattr(meta, "endpoint_url", None)
-
-
 def auto_udp(
     session: TorrentSession,
     artifact: Artifact,
@@ -138,7 +132,7 @@ def auto_udp(
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
-        s3_rtt = endpoint_round_trip(_endpoint(artifact))
+        s3_rtt = s3_round_trip(artifact.client)
         if s3_rtt is not None and not udp_wanted(s3_rtt):
             log.info("udp: S3 is near (%.1f ms): TCP's, no UDP for this fetch", s3_rtt * 1e3)
             return

@@ -65,3 +65,29 @@ def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag() -> 
     # uplinks with them (measured: 11-31% of 128 MiB over UDP; the least, in a CI run,
     # was 14 pieces new of 26 that UDP brought while TCP raced it for the same ones)
     assert by.get("udp", 0) >= SIZE // 16, (by, lost)
+
+
+def test_far_node_does_not_take_an_all_plan_measured_near_s3() -> None:
+    """The coordinator says ALL (here by fiat: ``--origin-rate unlimited``; in the bench
+    because the seeders near S3 read it at link speed), and S3 answers the far node, 100
+    ms away. Taken, ALL would have the node read everything across the WAN, upload-only,
+    cut off from the holders UDP pulls from (far-region once ran 71 s so, against 10).
+    The node's S3 round trip says the plan was not measured for it: it follows its own
+    policy, and UDP carries most of the artifact."""
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    config = FleetConfig(
+        **scenario("far-region", nodes=1, size=SIZE),
+        s3=os.environ.get("SWARM_FLEET_S3", "moto"),
+        system_timeout=150,
+        scenario="far-region",
+    )
+    with started_fleet(config, lab_name="fa") as fleet:
+        fleet.coordinator.args = ("--origin-rate", "unlimited")
+        result = fleet.run_system("swarm")
+    (node,) = result.nodes
+    assert node.sha256_ok
+    by = node.bytes_by_source or {}
+    assert by.get("s3", 0) <= SIZE // 4, by
+    assert by.get("udp", 0) >= SIZE // 4, by
