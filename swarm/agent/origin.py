@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from swarm.policy import Mode
 from swarm.sources import PieceSink
 from swarm.sources.peers import TorrentSession, TorrentState
 from swarm.sources.s3 import S3Source, S3SourceConfig
+
+log = logging.getLogger(__name__)
 
 ORIGIN_GRACE = 1.0
 """Seconds a new fetch waits for peers before it reads the origin: long enough for the
@@ -116,7 +119,11 @@ def read_origin(
     def s3_far() -> bool:
         """S3 is in another region (its round trip, measured once when a plan says ALL)."""
         rtt = s3_round_trip(client)
-        return rtt is not None and rtt >= NEAR_RTT
+        if rtt is None or rtt < NEAR_RTT:
+            return False
+        log.info("S3 is %.0f ms away: ALL plans are for nodes near it; own policy here",
+                 rtt * 1e3)  # fmt: skip
+        return True
 
     def retrying(reason: str | None) -> None:
         nonlocal upload_only

@@ -36,9 +36,9 @@ START_AFTER: Final = 0.1
 holder is far is a round trip, known as soon as libtorrent has connected to it, and a far
 region's TCP is slow from its first second (at 3 s, far nodes were a third done before
 UDP's first datagram). A near holder is found near at once and costs nothing more.
-Looks start at once and come every :data:`HOLDER_WAIT` until a holder shows: at 0.5 s
-and 0.25 s, far-region's first sessions started up to half a second after the holders'
-bitfields came (seven alternating runs: 10.0 s mean against 10.5)."""
+Looks then come every :data:`HOLDER_WAIT` until a holder shows: at 0.5 s and 0.25 s,
+far-region's first sessions started up to half a second after the holders' bitfields
+came (seven alternating runs: 10.0 s mean against 10.5)."""
 
 HOLDER_WAIT: Final = 0.1
 """Seconds before looking again when libtorrent has no holder connected yet (the fetch's

@@ -73,7 +73,8 @@ def test_far_node_does_not_take_an_all_plan_measured_near_s3() -> None:
     ms away. Taken, ALL would have the node read everything across the WAN, upload-only,
     cut off from the holders UDP pulls from (far-region once ran 71 s so, against 10).
     The node's S3 round trip says the plan was not measured for it: it follows its own
-    policy, and UDP carries most of the artifact."""
+    policy, and UDP carries a real share of the artifact (before the change, S3 carried
+    all of it)."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
