@@ -28,19 +28,25 @@ PROXY_PORT = 9100
 SIZE = 128 << 20
 
 
-def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag() -> None:
+@pytest.fixture
+def one_far_node() -> FleetConfig:
+    """The bench's far-region shape (S3 and two seeders near, 100 ms and 0.5% loss away),
+    with one new node."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
-    # the bench's far-region shape (S3 and two seeders near, 100 ms and 0.5% loss away),
-    # with one new node
-    config = FleetConfig(
+    return FleetConfig(
         **scenario("far-region", nodes=1, size=SIZE),
         s3=os.environ.get("SWARM_FLEET_S3", "moto"),
         system_timeout=150,
         scenario="far-region",
     )
-    with started_fleet(config, lab_name="fu") as fleet:
+
+
+def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag(
+    one_far_node: FleetConfig,
+) -> None:
+    with started_fleet(one_far_node, lab_name="fu") as fleet:
         # the far node's S3 endpoint answers manifests and refuses every piece (403)
         proxy = fleet.origin.popen(
             [sys.executable, "-m", "tests.fleet.refusing_s3", fleet.origin.ip,
@@ -67,7 +73,7 @@ def test_far_node_with_s3_refused_completes_over_udp_without_a_source_flag() -> 
     assert by.get("udp", 0) >= SIZE // 16, (by, lost)
 
 
-def test_far_node_does_not_take_an_all_plan_measured_near_s3() -> None:
+def test_far_node_does_not_take_an_all_plan_measured_near_s3(one_far_node: FleetConfig) -> None:
     """The coordinator says ALL (here by fiat: ``--origin-rate unlimited``; in the bench
     because the seeders near S3 read it at link speed), and S3 answers the far node, 100
     ms away. Taken, ALL would have the node read everything across the WAN, upload-only,
@@ -75,16 +81,7 @@ def test_far_node_does_not_take_an_all_plan_measured_near_s3() -> None:
     The node's S3 round trip says the plan was not measured for it: it follows its own
     policy, and UDP carries a real share of the artifact (before the change, S3 carried
     all of it)."""
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    config = FleetConfig(
-        **scenario("far-region", nodes=1, size=SIZE),
-        s3=os.environ.get("SWARM_FLEET_S3", "moto"),
-        system_timeout=150,
-        scenario="far-region",
-    )
-    with started_fleet(config, lab_name="fa") as fleet:
+    with started_fleet(one_far_node, lab_name="fa") as fleet:
         fleet.coordinator.args = ("--origin-rate", "unlimited")
         result = fleet.run_system("swarm")
     (node,) = result.nodes
