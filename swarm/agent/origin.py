@@ -22,7 +22,7 @@ from swarm.agent.direct import DirectSink
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.rtt import s3_round_trip
-from swarm.agent.udpchoice import NEAR_RTT
+from swarm.agent.udpchoice import s3_far
 from swarm.batch import Batch, BatchKind, all_missing, planned_batch
 from swarm.policy import Mode
 from swarm.sources import PieceSink
@@ -116,10 +116,10 @@ def read_origin(
     upload_only = False
 
     @functools.cache
-    def s3_far() -> bool:
+    def s3_is_far() -> bool:
         """S3 is in another region (its round trip, measured once when a plan says ALL)."""
         rtt = s3_round_trip(client)
-        if rtt is None or rtt < NEAR_RTT:
+        if rtt is None or not s3_far(rtt):
             return False
         log.info("S3 is %.0f ms away: ALL plans are for nodes near it; own policy here",
                  rtt * 1e3)  # fmt: skip
@@ -181,7 +181,7 @@ def read_origin(
                 continue
             now = time.monotonic()
             plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
-            if plan is not None and plan.mode == Mode.ALL and s3_far():
+            if plan is not None and plan.mode == Mode.ALL and s3_is_far():
                 # ALL says S3 fills its readers' links: as nodes near it measured. Taken
                 # here it would have this node read everything across a WAN, upload-only,
                 # so never connected to the holders UDP and peers pull from (far-region:

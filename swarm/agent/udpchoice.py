@@ -219,13 +219,20 @@ def batch_pieces(
     return (fresh + busy)[:count]
 
 
+def s3_far(s3_rtt: float | None) -> bool:
+    """Whether S3's round trip (None: not measured, or S3 refused) says it is in another
+    region: :data:`NEAR_RTT` or more. Such a node takes no ALL plan (the coordinator's
+    "S3 fills every link", measured by the nodes near it: see ``read_origin``)."""
+    return s3_rtt is not None and s3_rtt >= NEAR_RTT
+
+
 def udp_wanted(s3_rtt: float | None) -> bool:
     """Whether a fetch may use UDP at all, from S3's round trip (None: no connection to S3,
     refused or never asked). With S3 near, TCP from S3 fills the link in the same region,
     and a peer's round trip is no proof of distance while this node's own queues fill:
     behind a full 100 ms queue, LAN peers in the s3-fast fleet measured 22-71 ms, took
     UDP sessions, and UDP carried 12-13% of that fleet's bytes for nothing."""
-    return s3_rtt is None or s3_rtt >= NEAR_RTT
+    return s3_rtt is None or s3_far(s3_rtt)
 
 
 @functools.lru_cache(maxsize=64)

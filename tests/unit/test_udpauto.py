@@ -29,6 +29,7 @@ from swarm.agent.udpchoice import (
     batch_pieces,
     best_holder,
     region_order,
+    s3_far,
     udp_wanted,
 )
 
@@ -282,6 +283,15 @@ def test_with_s3_near_a_fetch_uses_no_udp() -> None:
     assert not udp_wanted(0.0005)
     assert udp_wanted(0.1)
     assert udp_wanted(None)
+
+
+def test_s3_is_far_only_when_its_round_trip_says_so() -> None:
+    """A node takes no ALL plan only when S3's measured round trip says another region:
+    unmeasured (or refused) is not far."""
+    assert s3_far(0.1)
+    assert s3_far(0.02)
+    assert not s3_far(0.0005)
+    assert not s3_far(None)
 
 
 def test_endpoint_round_trip_is_the_kernels_least_to_that_host() -> None:
