@@ -24,6 +24,7 @@ from swarm.agent.registry import Artifact
 from swarm.agent.rtt import s3_round_trip
 from swarm.agent.udpchoice import s3_far
 from swarm.batch import Batch, BatchKind, all_missing, planned_batch
+from swarm.messages import OriginPlan
 from swarm.policy import Mode
 from swarm.sources import PieceSink
 from swarm.sources.peers import TorrentSession, TorrentState
@@ -136,18 +137,34 @@ def read_origin(
         if on_retry is not None:
             on_retry(reason)
 
-    def read(batch: Batch) -> None:
-        # Once the reader writes into the file itself, it goes on doing so: libtorrent
-        # learns of those pieces when the verified file is handed to it.
-        target: PieceSink = artifact.direct if artifact.direct is not None else sink
+    def fresh_plan() -> OriginPlan | None:
+        fresh = time.monotonic() - artifact.plan_at < artifact.plan_ttl
+        return artifact.plan if fresh else None
+
+    def all_taken_back() -> bool:
+        """A fresh plan is no longer ALL (the coordinator saw S3 slow down under it)."""
+        plan = fresh_plan()
+        return plan is not None and plan.mode != Mode.ALL
+
+    def read(batch: Batch, planned: bool) -> None:
+        # Once the reader writes into the file itself, it goes on doing so (libtorrent
+        # learns of those pieces when the verified file is handed to it), except for a
+        # plan's batch other than ALL: that one is for sharing, and goes through
+        # libtorrent, which has been handed the pieces written before (share_direct).
+        sharing = planned and batch.kind is not BatchKind.ALL
+        target: PieceSink = artifact.direct if artifact.direct and not sharing else sink
         config = S3SourceConfig(*shapes[batch.kind])
+        # An ALL batch is everything missing: read to its end, it kept the node on a
+        # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
+        # next range once the plan is no longer ALL.
+        stop = all_taken_back if planned and batch.kind is BatchKind.ALL else None
         # (Holding the batch's pieces back from peers with priority 0 saved the mixed
         # fleet's duplicate downloads, but one node in three of the swarm-bound bench
         # then hashed its file before every byte was in it: not done until understood.)
         artifact.s3_busy.start()
         try:
             S3Source(client, manifest, target, artifact.cancel, config, on_retry=retrying).fetch(
-                batch.pieces
+                batch.pieces, stop
             )
         finally:
             artifact.s3_busy.stop()
@@ -177,10 +194,10 @@ def read_origin(
                     state.finished.wait(0.05)
                     continue
                 held = direct.held()
-                read(Batch(BatchKind.FILL, [i for i in repair if i not in held]))
+                read(Batch(BatchKind.FILL, [i for i in repair if i not in held]), False)
                 continue
             now = time.monotonic()
-            plan = artifact.plan if now - artifact.plan_at < artifact.plan_ttl else None
+            plan = fresh_plan()
             if plan is not None and plan.mode == Mode.ALL and s3_is_far():
                 # ALL says S3 fills its readers' links: as nodes near it measured. Taken
                 # here it would have this node read everything across a WAN, upload-only,
@@ -189,6 +206,7 @@ def read_origin(
                 # 71 s against 10). Its own policy decides, as without a plan.
                 plan = None
             batch: Batch
+            planned = False  # the batch is the coordinator's plan (not the node's choice)
             status = state.status
             alone = not has_coordinator and (status is None or not status.num_peers)
             if s3_only or alone:
@@ -197,6 +215,7 @@ def read_origin(
                 # the local policy when the plan is stale: the fleet may still be striping).
                 batch = all_missing(missing)
             elif plan is not None:
+                planned = True
                 held = artifact.direct.held() if artifact.direct is not None else state.held
                 budget = math.ceil(plan.direct * manifest.layout.count) - artifact.direct_pieces
                 batch = planned_batch(
@@ -238,7 +257,14 @@ def read_origin(
             if is_all and writing_directly(artifact, state) is None:
                 state.finished.wait(0.05)  # libtorrent is still looking at the file
                 continue
-            read(batch)
+            if planned and not is_all and artifact.direct is not None:
+                # The plan left ALL: peers can get what this node read under it, and
+                # libtorrent does not fetch it again (it knew none of it).
+                shared = artifact.direct.share()
+                if shared:
+                    log.info("plan left ALL: %d pieces read from S3 handed to libtorrent",
+                             shared)  # fmt: skip
+            read(batch, planned)
             artifact.direct_pieces += batch.direct
             if plan is not None and batch.kind is not BatchKind.FILL:
                 wake_reporter()  # report the finished stripe, for the next

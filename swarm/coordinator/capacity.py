@@ -23,8 +23,10 @@ reader cannot tell from its own rate whether S3 or its link limits it (both look
 same at the start of a scale-out, when peers have nothing to give yet), but once pieces
 spread, the nodes' peaks show what a node can take besides S3: where the origin is the
 bottleneck (100 Mbit for 8 nodes) a reader gets a fraction of its node's peak; where S3
-is in the same region it fills the link, as much as peers or more. The same test undoes
-ALL when S3 saturates under every node's reads.
+is in the same region it fills the link, as much as peers or more. Under ALL the peaks
+stand (a node takes nothing from peers then), so ALL is undone by S3's rates of the
+moment instead: when they fall well below the peaks (:func:`s3_slowed`), the origin's
+rates are measured afresh.
 
 A report costs O(1) (one node's entry replaced); the allocation is recomputed from the
 entries at most every ``SNAPSHOT_PERIOD`` seconds per artifact, O(fleet) then. The book
@@ -82,6 +84,17 @@ at once. Before that, the inputs that said ALL are still moving (stripes read at
 slightly different moments, the nodes' peaks rising as peers ramp up): s3-fast went
 ALL, MIX 52%, ALL within three seconds, and since a node that went ALL writes its S3
 pieces past libtorrent, the MIX in between had it take the same pieces from peers."""
+
+
+ALL_SLOWED: Final = 1 / 3
+"""Under ALL (once it has stood :data:`ALL_PROOF`), S3 has slowed when the median
+fetching node gets less than this share of the most S3 ever gave it over one interval
+(the S3 peak that made ALL): throttled, or an origin another fleet now shares. ALL is
+taken back, and the origin's rates are measured afresh. Without this, a slowing S3 kept
+ALL for good: under ALL a node takes nothing from peers, its peaks are maxima, and
+they went on saying that S3 had filled every link. Not at a smaller slowdown: s3-fast's
+nodes get about half their stripes' rate under ALL (two cores for six nodes and MinIO),
+and peers would not do better there."""
 
 
 ORIGIN_WINDOW: Final = 1.0
@@ -153,6 +166,15 @@ class _Artifact:
     cohort_start: float = math.inf
     """When the cohort's first fetch started (the coordinator's clock: a report's arrival
     less the node's ``elapsed``)."""
+    s3_base: dict[str, int] = field(default_factory=dict)
+    """Each node's S3 byte counter when the origin's rates were last measured afresh
+    (ALL taken back): the cohort's average counts from there."""
+    measured_since: float = -math.inf
+    """When that was (the average's start, if later than :attr:`cohort_start`)."""
+    all_withdrawn: bool = False
+    """ALL was taken back this cohort (S3 slowed): a per-reader estimate that still
+    remembers the faster S3 (it decays over tens of seconds) does not make ALL again;
+    S3 filling every link at once, measured afresh, does."""
 
 
 class CapacityBook:
@@ -198,6 +220,9 @@ class CapacityBook:
                 art.window_sum = 0.0
                 art.s3_bytes.clear()
                 art.cohort_start = math.inf
+                art.s3_base.clear()
+                art.measured_since = -math.inf
+                art.all_withdrawn = False
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -258,9 +283,27 @@ class CapacityBook:
         # at least that on average (the s3-fast fleet read the whole object from it in a
         # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
         # and the plan went to stripes alone).
-        if now > art.cohort_start:
-            cohort = sum(art.s3_bytes.values()) / (now - art.cohort_start)
-            art.origin_peak = max(art.origin_peak, cohort)
+        since = max(art.cohort_start, art.measured_since)
+        if now > since:
+            read = sum(art.s3_bytes.values()) - sum(art.s3_base.values())
+            art.origin_peak = max(art.origin_peak, read / (now - since))
+        if (
+            art.allocation is not None
+            and art.allocation.mode is Mode.ALL
+            and art.all_since is not None
+            and now - art.all_since >= ALL_PROOF
+            and s3_slowed(art, now)
+        ):
+            log.info("S3 slowed under ALL for %s: measuring the origin afresh", info_hash[:8])
+            _measure_afresh(art, now)
+        if art.all_withdrawn and s3_per_reader is not None:
+            # S3 was measured slow: what readers get now, not the estimate that still
+            # remembers the fast S3 (it halves every ten seconds)
+            recent = [
+                r for r, at in art.s3_rates.values() if r > 0 and now - at <= 2 * ORIGIN_WINDOW
+            ]
+            if recent:
+                s3_per_reader = min(s3_per_reader, statistics.median(recent))
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         snap = snapshot(
@@ -273,6 +316,7 @@ class CapacityBook:
             swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
             origin_peak=art.origin_peak,
             together=art.together,
+            estimate_may_say_all=not art.all_withdrawn,
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [
@@ -370,6 +414,30 @@ def _withdraw(art: _Artifact, node: str, recent: float) -> None:
         art.window_sum = max(0.0, art.window_sum - entry[0])
 
 
+def s3_slowed(art: _Artifact, now: float) -> bool:
+    """S3 gives the median fetching node, as of its report within the last
+    :data:`ORIGIN_WINDOW`, less than :data:`ALL_SLOWED` of its S3 peak (a node with no
+    recent report counts as getting nothing)."""
+    shares = []
+    for node, link in art.links.items():
+        if link.s3 <= 0:
+            continue
+        rate, at = art.s3_rates.get(node, (0.0, -math.inf))
+        shares.append(rate / link.s3 if now - at <= 2 * ORIGIN_WINDOW else 0.0)
+    return bool(shares) and statistics.median(shares) < ALL_SLOWED
+
+
+def _measure_afresh(art: _Artifact, now: float) -> None:
+    """Forget what the origin gave before (its peak, the most its readers took together,
+    the cohort's average) and the allocation: the next snapshot plans on the rates from
+    now on, and ALL needs S3 to fill every link at once again."""
+    art.allocation, art.all_since, art.mix_since = None, None, None
+    art.origin_peak, art.together = 0.0, art.window_sum
+    art.s3_base = dict(art.s3_bytes)
+    art.measured_since = now
+    art.all_withdrawn = True
+
+
 def snapshot(
     size: int,
     links: Iterable[_Link],
@@ -380,11 +448,13 @@ def snapshot(
     swarm_shown: bool = True,
     origin_peak: float = 0.0,
     together: float = 0.0,
+    estimate_may_say_all: bool = True,
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
     something); ``origin_peak``: the most S3 gave its readers together so far;
-    ``together``: the most the nodes' S3 rates of one interval summed to."""
+    ``together``: the most the nodes' S3 rates of one interval summed to;
+    ``estimate_may_say_all``: False once ALL was taken back (see :func:`s3_slowed`)."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
         return None
@@ -408,9 +478,11 @@ def snapshot(
     elif s3_per_reader < LINK_SHARE * down:
         # a reader gets well below what nodes have shown they can take: S3 is the limit
         origin = max(s3_per_reader * max(1, readers), origin_peak)
-    elif s3_per_reader >= S3_AS_FAST * statistics.median(
-        link.peers for link in fetching
-    ) and s3_per_reader * readers >= LINK_SHARE * down * len(fetching):
+    elif (
+        estimate_may_say_all
+        and s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching)
+        and s3_per_reader * readers >= LINK_SHARE * down * len(fetching)
+    ):
         # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
         # warm-up, so the peaks include what they gave) and gives at least what peers
         # give, nothing included (every node went WIDE on its own, or reads S3 alone

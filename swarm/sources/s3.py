@@ -244,8 +244,10 @@ class S3Source:
         self.on_retry = on_retry
         """Told each retry's reason as it happens (None once a range succeeds again)."""
 
-    def fetch(self, pieces: Iterable[int]) -> None:
-        """Fetch ``pieces`` (those the sink still misses); return when all are stored."""
+    def fetch(self, pieces: Iterable[int], stop: Callable[[], bool] | None = None) -> None:
+        """Fetch ``pieces`` (those the sink still misses); return when all are stored, or,
+        once ``stop()`` says so, when the ranges already started are (the rest are left
+        missing: the caller chose to read them otherwise)."""
         ranges = plan_ranges(self.layout, pieces, self.config.range_size)
         if not ranges:
             return
@@ -254,7 +256,7 @@ class S3Source:
         # source of the artifact for good.
         halt = threading.Event()
         with ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="s3-get") as pool:
-            futures = [pool.submit(self._fetch_range, r, halt) for r in ranges]
+            futures = [pool.submit(self._fetch_range, r, halt, stop) for r in ranges]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in done if f.exception()]
             if failed:
@@ -278,16 +280,20 @@ class S3Source:
                 raise Cancelled
         self._stopped(halt)
 
-    def _fetch_range(self, byte_range: ByteRange, halt: threading.Event) -> None:
+    def _fetch_range(
+        self, byte_range: ByteRange, halt: threading.Event, stop: Callable[[], bool] | None
+    ) -> None:
         attempt = 0
         while True:
             self._stopped(halt)
+            if stop is not None and stop():
+                return
             wanted = [i for i in byte_range.pieces if not self.sink.have(i)]
             if not wanted:
                 return
             current = plan_ranges(self.layout, wanted, self.config.range_size)
             try:
-                bad = sum(self._get(r, halt) for r in current)
+                bad = sum(self._get(r, halt, stop) for r in current)
                 if not bad:
                     if attempt and self.on_retry:
                         self.on_retry(None)
@@ -326,9 +332,12 @@ class S3Source:
             )
             self._sleep(delay, halt)
 
-    def _get(self, byte_range: ByteRange, halt: threading.Event) -> int:
+    def _get(
+        self, byte_range: ByteRange, halt: threading.Event, stop: Callable[[], bool] | None = None
+    ) -> int:
         """One ranged GET; offer each piece as it completes, and stop at the first the sink
-        holds already (checked as each piece comes in). Returns the count of bad pieces.
+        holds already (checked as each piece comes in), or at the next piece once
+        ``stop()`` says so. Returns the count of bad pieces.
 
         Every piece of the range is read into one buffer: ``offer`` gets a view that is
         valid only during the call (a sink copies what it keeps; ``PieceFile`` writes it
@@ -357,6 +366,8 @@ class S3Source:
         try:
             for index in byte_range.pieces:
                 self._stopped(halt)
+                if stop is not None and stop():
+                    break  # the caller reads the rest otherwise (the body is dropped)
                 length = self.layout.length(index)
                 data = buffer[:length]
                 if not self._read_piece(body, data, index, water):

@@ -321,6 +321,47 @@ def test_all_stands_until_the_fleet_read_at_full_width() -> None:
     assert later is not None and later.mode is not Mode.ALL
 
 
+def test_all_is_taken_back_when_s3_slows_under_it() -> None:
+    """Under ALL a node takes nothing from peers and its peaks are maxima: they went on
+    saying that S3 filled every link, and a slowing S3 kept ALL for good (every node
+    upload-only, reading at S3's new rate). S3's rates of the moment against the peaks
+    take it back, and the origin is measured afresh: neither the old peaks nor the
+    per-reader estimate that still remembers the fast S3 make ALL again; S3 filling every
+    link at once again does."""
+    book = CapacityBook()
+    names = [f"n{i}" for i in range(6)]
+    _report(book, names, down=250, up=250, peers=80, s3=220)
+    delivered(book, names, 1300)
+    book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
+    assert book.allocation("ih", 200 * MBIT, readers=6, now=PEERS_WARMUP).mode is Mode.ALL
+
+    def s3_now(mbit: float, at: float) -> None:
+        for i, node in enumerate(names):
+            book.note_s3("ih", node, mbit * MBIT, now=at + 0.05 * i)
+
+    # at half the stripes' rate (CPU-bound nodes under ALL) ALL stands
+    t = PEERS_WARMUP + ALL_PROOF
+    s3_now(110, t)
+    assert book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5).mode is Mode.ALL
+    # S3 throttled to a tenth: ALL is taken back; the estimate (200 Mbit per reader,
+    # remembered) is capped by what readers get now
+    t += SNAPSHOT_PERIOD
+    s3_now(20, t)
+    slowed = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+    assert slowed is None or slowed.mode is not Mode.ALL
+    for _ in range(3):
+        t += SNAPSHOT_PERIOD
+        s3_now(20, t)
+        later = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        assert later is not None and later.mode is not Mode.ALL
+        assert later.direct < 0.5
+    # S3 recovers and fills every link at once: ALL again
+    t += SNAPSHOT_PERIOD
+    s3_now(240, t)
+    recovered = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+    assert recovered is not None and recovered.mode is Mode.ALL
+
+
 def test_a_direct_share_is_read_only_once_it_held_two_snapshots() -> None:
     """A node reads its direct share at once and for good: a share that one snapshot's
     noise brought (origin-bound at the edge of MIX) would cost the origin for nothing."""
