@@ -172,9 +172,9 @@ class _Artifact:
     measured_since: float = -math.inf
     """When that was (the average's start, if later than :attr:`cohort_start`)."""
     all_withdrawn: bool = False
-    """ALL was taken back this cohort (S3 slowed): a per-reader estimate that still
-    remembers the faster S3 (it decays over tens of seconds) does not make ALL again;
-    S3 filling every link at once, measured afresh, does."""
+    """ALL was taken back this cohort (S3 slowed): the origin is what it gave the fleet
+    since (not the per-reader estimate, which remembers the faster S3 for tens of
+    seconds); ALL comes back only if S3 fills every link at once again."""
 
 
 class CapacityBook:
@@ -233,7 +233,8 @@ class CapacityBook:
     def note_origin(self, info_hash: str, aggregate: float) -> None:
         """What S3 gives its readers together now (bytes/s), for the origin's peak."""
         art = self._artifacts.get(info_hash)
-        if art is not None:
+        # (not once ALL was taken back: the readers' averages remember the faster S3)
+        if art is not None and not art.all_withdrawn:
             art.origin_peak = max(art.origin_peak, aggregate)
 
     def note_s3(
@@ -296,14 +297,6 @@ class CapacityBook:
         ):
             log.info("S3 slowed under ALL for %s: measuring the origin afresh", info_hash[:8])
             _measure_afresh(art, now)
-        if art.all_withdrawn and s3_per_reader is not None:
-            # S3 was measured slow: what readers get now, not the estimate that still
-            # remembers the fast S3 (it halves every ten seconds)
-            recent = [
-                r for r, at in art.s3_rates.values() if r > 0 and now - at <= 2 * ORIGIN_WINDOW
-            ]
-            if recent:
-                s3_per_reader = min(s3_per_reader, statistics.median(recent))
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         snap = snapshot(
@@ -316,7 +309,7 @@ class CapacityBook:
             swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
             origin_peak=art.origin_peak,
             together=art.together,
-            estimate_may_say_all=not art.all_withdrawn,
+            all_taken_back=art.all_withdrawn,
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [
@@ -415,15 +408,14 @@ def _withdraw(art: _Artifact, node: str, recent: float) -> None:
 
 
 def s3_slowed(art: _Artifact, now: float) -> bool:
-    """S3 gives the median fetching node, as of its report within the last
-    :data:`ORIGIN_WINDOW`, less than :data:`ALL_SLOWED` of its S3 peak (a node with no
-    recent report counts as getting nothing)."""
+    """S3 gives the median fetching node, over its last report interval (reported within
+    two :data:`ORIGIN_WINDOW`), less than :data:`ALL_SLOWED` of its S3 peak. Nodes with
+    no recent report are left out (every report carries the node's S3 rate)."""
     shares = []
     for node, link in art.links.items():
-        if link.s3 <= 0:
-            continue
         rate, at = art.s3_rates.get(node, (0.0, -math.inf))
-        shares.append(rate / link.s3 if now - at <= 2 * ORIGIN_WINDOW else 0.0)
+        if link.s3 > 0 and now - at <= 2 * ORIGIN_WINDOW:
+            shares.append(rate / link.s3)
     return bool(shares) and statistics.median(shares) < ALL_SLOWED
 
 
@@ -448,13 +440,13 @@ def snapshot(
     swarm_shown: bool = True,
     origin_peak: float = 0.0,
     together: float = 0.0,
-    estimate_may_say_all: bool = True,
+    all_taken_back: bool = False,
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
     something); ``origin_peak``: the most S3 gave its readers together so far;
     ``together``: the most the nodes' S3 rates of one interval summed to;
-    ``estimate_may_say_all``: False once ALL was taken back (see :func:`s3_slowed`)."""
+    ``all_taken_back``: S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
         return None
@@ -473,16 +465,23 @@ def snapshot(
         # bucket): it feeds the fleet at link speed, whatever a reader gets now that
         # peers share its downlink
         origin = math.inf
+    elif all_taken_back:
+        # S3 slowed under ALL: what the origin gave the fleet since, measured afresh
+        # (the per-reader estimate remembers the fast S3 for tens of seconds, and a
+        # reader's rate over its busy seconds overstates a slow S3: the direct shares it
+        # planned had every node read the pieces nobody held through the throttled
+        # origin at once)
+        if origin_peak <= 0:
+            return None
+        origin = origin_peak
     elif not s3_per_reader or s3_per_reader <= 0:
         return None
     elif s3_per_reader < LINK_SHARE * down:
         # a reader gets well below what nodes have shown they can take: S3 is the limit
         origin = max(s3_per_reader * max(1, readers), origin_peak)
-    elif (
-        estimate_may_say_all
-        and s3_per_reader >= S3_AS_FAST * statistics.median(link.peers for link in fetching)
-        and s3_per_reader * readers >= LINK_SHARE * down * len(fetching)
-    ):
+    elif s3_per_reader >= S3_AS_FAST * statistics.median(
+        link.peers for link in fetching
+    ) and s3_per_reader * readers >= LINK_SHARE * down * len(fetching):
         # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
         # warm-up, so the peaks include what they gave) and gives at least what peers
         # give, nothing included (every node went WIDE on its own, or reads S3 alone

@@ -27,7 +27,10 @@ from swarm.lab.netlab import lab_unavailable
 pytestmark = pytest.mark.fleet
 
 SIZE = 32 << 20
-PIECE = 1 << 20
+PIECE = 256 << 10
+"""Small pieces: a report interval's counters are whole pieces, and with 1 MiB pieces at
+2 MB/s the peaks were too coarse for the allocation to see S3 fill the links (MIX in one
+run of four)."""
 NODES = 4
 NODE_MBIT = 16
 """2 MB/s a node: the artifact takes a node 17 s at link speed, long enough for the
@@ -60,7 +63,7 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
         pytest.skip(reason)
     config = FleetConfig(
         nodes=NODES, size=SIZE, piece_size=PIECE, origin_up=1000, node_up=NODE_MBIT,
-        node_down=NODE_MBIT, s3=os.environ.get("SWARM_FLEET_S3", "moto"), system_timeout=120,
+        node_down=NODE_MBIT, s3=os.environ.get("SWARM_FLEET_S3", "moto"), system_timeout=240,
     )  # fmt: skip
     with started_fleet(config, lab_name="sl") as fleet:
         fleet.keep = True  # the coordinator's view every 0.5 s (fleet-trace.jsonl)
@@ -86,6 +89,11 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
             throttled_at = time.time()
         runner.join(300)
         views = _records(trace)
+        handed = sum(
+            "handed to libtorrent"
+            in (fleet.work / "swarm" / host.name / "home" / "daemon.log").read_text()
+            for host in fleet.node_hosts
+        )
     assert "error" not in outcome, outcome.get("error")
     result: SystemResult = outcome["result"]
     seen = [(a.get("allocation") or {}).get("mode") for r in views for a in r["fleet"]["artifacts"]]
@@ -113,12 +121,19 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
         for a in r["fleet"]["artifacts"]
         if r["t"] >= throttled_at
     ]
+    received = sum(sum((n.bytes_by_source or {}).values()) for n in result.nodes)
     said = (
         f"S3 after the throttle {after >> 20} MiB; nobody held {nobody >> 20} MiB, the "
-        f"nodes lacked {lacking >> 20} MiB; modes {modes[:12]}"
+        f"nodes lacked {lacking >> 20} MiB; received {received >> 20} MiB for "
+        f"{NODES * SIZE >> 20}; {handed} nodes handed their S3 pieces to libtorrent; "
+        f"modes {modes[:12]}"
     )
     # ALL was taken back within a few seconds (its proof, two snapshots, a report)...
     assert any(mode != "all" for t, mode in modes if t <= 6.0), said
-    # ...and S3 sent what nobody held about once, not every node all it lacked (with
-    # ALL kept: `lacking`, several times `nobody`; measured with the change: `nobody`)
+    # ...and S3 no longer sent every node all it lacked (with ALL kept: `lacking`, here
+    # 86-94 MiB). Measured with the change: 6-28 MiB, where nobody held 4-8 MiB (the
+    # rest: WIDE reads while the S3 estimate still remembers the fast S3, and pieces
+    # in flight when the plan changed)
     assert after <= nobody + (lacking - nobody) // 2, said
+    # the pieces read under ALL reached libtorrent: nothing was fetched twice from peers
+    assert received <= NODES * SIZE * 1.05, said

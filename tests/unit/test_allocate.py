@@ -335,16 +335,23 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
     book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
     assert book.allocation("ih", 200 * MBIT, readers=6, now=PEERS_WARMUP).mode is Mode.ALL
 
+    totals = dict.fromkeys(names, 0)
+
     def s3_now(mbit: float, at: float) -> None:
+        """Each node read ``mbit`` over the last second, reported at ``at``."""
         for i, node in enumerate(names):
-            book.note_s3("ih", node, mbit * MBIT, now=at + 0.05 * i)
+            totals[node] += int(mbit * MBIT)
+            book.note_s3(
+                "ih", node, mbit * MBIT, now=at + 0.05 * i, total=totals[node], started=0.0
+            )
+        book.note_origin("ih", 200 * MBIT * len(names))  # the readers' averages lag
 
     # at half the stripes' rate (CPU-bound nodes under ALL) ALL stands
     t = PEERS_WARMUP + ALL_PROOF
     s3_now(110, t)
     assert book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5).mode is Mode.ALL
-    # S3 throttled to a tenth: ALL is taken back; the estimate (200 Mbit per reader,
-    # remembered) is capped by what readers get now
+    # S3 throttled to a tenth: ALL is taken back; the origin is what it gave since
+    # (not the estimate of 200 Mbit per reader, nor the readers' lagging averages)
     t += SNAPSHOT_PERIOD
     s3_now(20, t)
     slowed = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
