@@ -349,6 +349,11 @@ class CapacityBook:
             return 0.0
         return art.allocation.direct if now - art.mix_since >= DIRECT_HOLD else 0.0
 
+    def all_taken_back(self, info_hash: str) -> bool:
+        """S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
+        art = self._artifacts.get(info_hash)
+        return art is not None and art.all_withdrawn
+
     def last(self, info_hash: str) -> Allocation | None:
         """The artifact's allocation as last computed (None before the first)."""
         art = self._artifacts.get(info_hash)

@@ -168,7 +168,11 @@ class StripePlanner:
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0
-        estimate = s3_capacity(view.estimate, current, dt)
+        # Once S3 slowed under ALL, what readers get now: the remembered rate (a 10 s
+        # half-life, for readers that slow down near the end for lack of pieces) sent
+        # nodes WIDE on the throttled origin (28 MiB read where nobody held 4)
+        remembered = None if self.capacity.all_taken_back(info_hash) else view.estimate
+        estimate = s3_capacity(remembered, current, dt)
         stall = max(self.stall_seconds, STALL_INTERVALS * interval)
         if complete:
             self.state.commit(
