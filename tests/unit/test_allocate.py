@@ -303,17 +303,25 @@ def test_stripes_read_together_count_though_the_first_snapshot_comes_after_them(
     assert plan is not None and plan.mode is not Mode.ALL
 
 
+def _under_all(estimate: float, readers: int) -> tuple[CapacityBook, list[str]]:
+    """Six 250 Mbit nodes whose stripes filled their links at once: ALL once the swarm
+    has had its warm-up (at PEERS_WARMUP)."""
+    book = CapacityBook()
+    names = [f"n{i}" for i in range(6)]
+    _report(book, names, down=250, up=250, peers=80, s3=220)
+    delivered(book, names, 1300)
+    book.allocation("ih", estimate, readers=readers, now=0.0)
+    plan = book.allocation("ih", estimate, readers=readers, now=PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.ALL
+    return book, names
+
+
 def test_all_stands_until_the_fleet_read_at_full_width() -> None:
     """A snapshot right after ALL does not take it back: the stripes were read at
     slightly different moments and the nodes' peaks are still rising, and s3-fast went
     ALL, MIX, ALL in three seconds. After ALL_PROOF the origin has shown what it gives
     every node at once, and a snapshot may narrow the fleet again."""
-    book = CapacityBook()
-    names = [f"n{i}" for i in range(6)]
-    _report(book, names, down=250, up=250, peers=80, s3=220)
-    delivered(book, names, 1300)
-    book.allocation("ih", 100 * MBIT, readers=2, now=0.0)
-    assert book.allocation("ih", 100 * MBIT, readers=2, now=PEERS_WARMUP).mode is Mode.ALL
+    book, names = _under_all(100 * MBIT, readers=2)
     _report(book, names, down=500, up=250, peers=80, s3=220)  # peaks rise: 220 < 0.8 x 500
     soon = PEERS_WARMUP + ALL_PROOF - SNAPSHOT_PERIOD
     assert book.allocation("ih", 100 * MBIT, readers=6, now=soon).mode is Mode.ALL
@@ -328,13 +336,7 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
     take it back, and the origin is measured afresh: neither the old peaks nor the
     per-reader estimate that still remembers the fast S3 make ALL again; S3 filling every
     link at once again does."""
-    book = CapacityBook()
-    names = [f"n{i}" for i in range(6)]
-    _report(book, names, down=250, up=250, peers=80, s3=220)
-    delivered(book, names, 1300)
-    book.allocation("ih", 200 * MBIT, readers=6, now=0.0)
-    assert book.allocation("ih", 200 * MBIT, readers=6, now=PEERS_WARMUP).mode is Mode.ALL
-
+    book, names = _under_all(200 * MBIT, readers=6)
     totals = dict.fromkeys(names, 0)
 
     def s3_now(mbit: float, at: float) -> None:
