@@ -150,13 +150,14 @@ def read_origin(
         # Once the reader writes into the file itself, it goes on doing so (libtorrent
         # learns of those pieces when the verified file is handed to it), except for a
         # plan's batch other than ALL: that one is for sharing, and goes through
-        # libtorrent, which has been handed the pieces written before (share_direct).
+        # libtorrent, which has been handed the pieces written before (DirectSink.share).
         sharing = planned and batch.kind is not BatchKind.ALL
-        target: PieceSink = artifact.direct if artifact.direct and not sharing else sink
+        direct = artifact.direct
+        target: PieceSink = direct if direct is not None and not sharing else sink
         config = S3SourceConfig(*shapes[batch.kind])
         # An ALL batch is everything missing: read to its end, it kept the node on a
         # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
-        # next range once the plan is no longer ALL.
+        # next piece once the plan is no longer ALL.
         stop = all_taken_back if planned and batch.kind is BatchKind.ALL else None
         # (Holding the batch's pieces back from peers with priority 0 saved the mixed
         # fleet's duplicate downloads, but one node in three of the swarm-bound bench

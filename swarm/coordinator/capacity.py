@@ -171,7 +171,7 @@ class _Artifact:
     (ALL taken back): the cohort's average counts from there."""
     measured_since: float = -math.inf
     """When that was (the average's start, if later than :attr:`cohort_start`)."""
-    all_withdrawn: bool = False
+    all_taken_back: bool = False
     """ALL was taken back this cohort (S3 slowed): the origin is what it gave the fleet
     since (not the per-reader estimate, which remembers the faster S3 for tens of
     seconds); ALL comes back only if S3 fills every link at once again."""
@@ -222,7 +222,7 @@ class CapacityBook:
                 art.cohort_start = math.inf
                 art.s3_base.clear()
                 art.measured_since = -math.inf
-                art.all_withdrawn = False
+                art.all_taken_back = False
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -234,7 +234,7 @@ class CapacityBook:
         """What S3 gives its readers together now (bytes/s), for the origin's peak."""
         art = self._artifacts.get(info_hash)
         # (not once ALL was taken back: the readers' averages remember the faster S3)
-        if art is not None and not art.all_withdrawn:
+        if art is not None and not art.all_taken_back:
             art.origin_peak = max(art.origin_peak, aggregate)
 
     def note_s3(
@@ -309,7 +309,7 @@ class CapacityBook:
             swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
             origin_peak=art.origin_peak,
             together=art.together,
-            all_taken_back=art.all_withdrawn,
+            all_taken_back=art.all_taken_back,
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [
@@ -352,7 +352,7 @@ class CapacityBook:
     def all_taken_back(self, info_hash: str) -> bool:
         """S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
         art = self._artifacts.get(info_hash)
-        return art is not None and art.all_withdrawn
+        return art is not None and art.all_taken_back
 
     def last(self, info_hash: str) -> Allocation | None:
         """The artifact's allocation as last computed (None before the first)."""
@@ -432,7 +432,7 @@ def _measure_afresh(art: _Artifact, now: float) -> None:
     art.origin_peak, art.together = 0.0, art.window_sum
     art.s3_base = dict(art.s3_bytes)
     art.measured_since = now
-    art.all_withdrawn = True
+    art.all_taken_back = True
 
 
 def snapshot(

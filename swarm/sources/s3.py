@@ -246,8 +246,8 @@ class S3Source:
 
     def fetch(self, pieces: Iterable[int], stop: Callable[[], bool] | None = None) -> None:
         """Fetch ``pieces`` (those the sink still misses); return when all are stored, or,
-        once ``stop()`` says so, when the ranges already started are (the rest are left
-        missing: the caller chose to read them otherwise)."""
+        once ``stop()`` says so, when each GET in flight has finished its current piece
+        (the rest are left missing: the caller chose to read them otherwise)."""
         ranges = plan_ranges(self.layout, pieces, self.config.range_size)
         if not ranges:
             return

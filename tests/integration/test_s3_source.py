@@ -54,6 +54,25 @@ def test_a_get_stops_at_a_piece_another_source_brought(env, bucket, tmp_path):
     assert sink.held == set(range(8))
 
 
+def test_a_fetch_told_to_stop_ends_at_the_next_piece(env, bucket, tmp_path):
+    """Two 4-piece ranges, one GET at a time; ``stop`` turns true once piece 1 is in (the
+    coordinator took ALL back): the GET ends after it, the second range never starts,
+    and the fetch returns without an error, the rest left missing."""
+    src = make_artifact(tmp_path / "s.bin", 8 * PIECE)
+    manifest = Manifest.from_file(
+        src, name="s.bin", piece_size=PIECE, bucket=bucket, key="s.bin", web_seed=None
+    )
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.put_object(Bucket=bucket, Key="s.bin", Body=src.read_bytes())
+    sink = RacingSink(manifest, trigger=-1, others=set())
+    config = S3SourceConfig(concurrency=1, range_size=4 * PIECE)
+    S3Source(client, manifest, sink, threading.Event(), config).fetch(
+        range(8), stop=lambda: 1 in sink.held
+    )
+    assert sink.offered == [0, 1]
+    assert sink.held == {0, 1}
+
+
 class LateSink(RacingSink):
     """Piece ``index`` counts as brought by another source from the ``nth`` check on."""
 
