@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from pathlib import Path
+from typing import Any
 
 import boto3
 
@@ -13,6 +15,20 @@ from swarm.sources.s3 import S3Source, S3SourceConfig
 from tests.conftest import make_artifact
 
 PIECE = 256 << 10
+
+
+def _published(
+    env: dict[str, str], bucket: str, path: Path, pieces: int, piece: int = PIECE
+) -> tuple[Manifest, Any]:
+    """An artifact of ``pieces`` pieces in the bucket under its file name: its manifest and
+    an S3 client."""
+    src = make_artifact(path, pieces * piece)
+    manifest = Manifest.from_file(
+        src, name=path.name, piece_size=piece, bucket=bucket, key=path.name, web_seed=None
+    )
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    client.put_object(Bucket=bucket, Key=path.name, Body=src.read_bytes())
+    return manifest, client
 
 
 class RacingSink:
@@ -41,12 +57,7 @@ class RacingSink:
 def test_a_get_stops_at_a_piece_another_source_brought(env, bucket, tmp_path):
     """One 8-piece range: pieces 1-3 arrive from elsewhere once piece 0 is read. The GET
     stops there instead of reading them, and the rest comes by a GET of its own."""
-    src = make_artifact(tmp_path / "a.bin", 8 * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket=bucket, key="a.bin", web_seed=None
-    )
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-    client.put_object(Bucket=bucket, Key="a.bin", Body=src.read_bytes())
+    manifest, client = _published(env, bucket, tmp_path / "a.bin", 8)
     sink = RacingSink(manifest, trigger=0, others={1, 2, 3})
     config = S3SourceConfig(concurrency=1, range_size=8 * PIECE)
     S3Source(client, manifest, sink, threading.Event(), config).fetch(range(8))
@@ -58,12 +69,7 @@ def test_a_fetch_told_to_stop_ends_at_the_next_piece(env, bucket, tmp_path):
     """Two 4-piece ranges, one GET at a time; ``stop`` turns true once piece 1 is in (the
     coordinator took ALL back): the GET ends after it, the second range never starts,
     and the fetch returns without an error, the rest left missing."""
-    src = make_artifact(tmp_path / "s.bin", 8 * PIECE)
-    manifest = Manifest.from_file(
-        src, name="s.bin", piece_size=PIECE, bucket=bucket, key="s.bin", web_seed=None
-    )
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-    client.put_object(Bucket=bucket, Key="s.bin", Body=src.read_bytes())
+    manifest, client = _published(env, bucket, tmp_path / "s.bin", 8)
     sink = RacingSink(manifest, trigger=-1, others=set())
     config = S3SourceConfig(concurrency=1, range_size=4 * PIECE)
     S3Source(client, manifest, sink, threading.Event(), config).fetch(
@@ -92,12 +98,7 @@ def test_a_get_gives_up_a_piece_another_source_brought_while_it_was_read(env, bu
     """1 MiB pieces are read a quarter at a time: piece 1 arrives from elsewhere after
     its first quarter was read, and the rest of it is not."""
     piece = 1 << 20
-    src = make_artifact(tmp_path / "b.bin", 4 * piece)
-    manifest = Manifest.from_file(
-        src, name="b.bin", piece_size=piece, bucket=bucket, key="b.bin", web_seed=None
-    )
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-    client.put_object(Bucket=bucket, Key="b.bin", Body=src.read_bytes())
+    manifest, client = _published(env, bucket, tmp_path / "b.bin", 4, piece)
     # checks of piece 1: choosing the range, before its first quarter, before its second
     sink = LateSink(manifest, index=1, nth=3)
     config = S3SourceConfig(concurrency=1, range_size=4 * piece)
@@ -110,12 +111,7 @@ def test_gets_read_to_their_end_reuse_one_connection(env, bucket, tmp_path, capl
     """Bodies are read past urllib3 (straight from http.client); a body read to its end
     still gives its connection back to the pool, so four GETs in a row open at most one
     (each used to open its own: a TCP handshake and slow start, in AWS a TLS handshake)."""
-    src = make_artifact(tmp_path / "c.bin", 8 * PIECE)
-    manifest = Manifest.from_file(
-        src, name="c.bin", piece_size=PIECE, bucket=bucket, key="c.bin", web_seed=None
-    )
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-    client.put_object(Bucket=bucket, Key="c.bin", Body=src.read_bytes())
+    manifest, client = _published(env, bucket, tmp_path / "c.bin", 8)
     sink = RacingSink(manifest, trigger=-1, others=set())
     config = S3SourceConfig(concurrency=1, range_size=2 * PIECE)
     caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
