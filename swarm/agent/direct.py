@@ -16,17 +16,11 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections import deque
-from concurrent.futures import Future, wait
 from pathlib import Path
 
-from swarm.agent.hybrid import MAX_PENDING_BYTES, TorrentSink
+from swarm.agent.hybrid import TorrentSink
 from swarm.agent.store import no_space, write_at
 from swarm.errors import SwarmError
-
-SHARE_WAIT = 30.0
-"""Seconds :meth:`DirectSink.share` waits for libtorrent to take a piece (its disk
-threads hash and write it) before it hands over the next."""
 
 
 class DirectSink:
@@ -94,18 +88,12 @@ class DirectSink:
         file; it checks each one's SHA-1): once the node shares with peers again (the
         coordinator took ALL back), peers can get them from it, and libtorrent does not
         fetch them a second time. Returns how many were handed over."""
-        session, info_hash = self.torrent.session, self.torrent.manifest.info_hash
         with self._lock:
             unknown = sorted(self.written - self.torrent.state.held)
-        # as many in libtorrent's hands at once as a reader may have (the memory bound)
-        room = max(1, MAX_PENDING_BYTES // self.layout.piece_size)
-        pending: deque[Future[bool]] = deque()
         for index in unknown:
-            if len(pending) >= room:
-                wait([pending.popleft()], timeout=SHARE_WAIT)
             data = os.pread(self._fd, self.layout.length(index), self.layout.offset(index))
-            pending.append(session.add_piece_async(info_hash, index, data))
-        wait(pending, timeout=SHARE_WAIT)
+            self.torrent.offer(index, data, None)  # counted when it was written here
+        self.torrent.settle(unknown)
         return len(unknown)
 
     def drop_bad(self) -> int:

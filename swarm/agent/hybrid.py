@@ -62,9 +62,11 @@ class TorrentSink:
         held = self.state.held
         return [i for i in range(self.manifest.layout.count) if i not in held]
 
-    def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
+    def offer(self, index: int, data: bytes | memoryview, source: str | None) -> bool:
         """Hand the piece to libtorrent, which checks its SHA-1 before keeping it (one hash
-        per byte: checking here too would double the hashing of every S3 byte).
+        per byte: checking here too would double the hashing of every S3 byte). ``source``
+        None: the bytes were counted already (a piece the node wrote itself, handed over
+        later: :meth:`DirectSink.share <swarm.agent.direct.DirectSink.share>`).
 
         Returns at once (True) while libtorrent hashes and writes, up to
         :data:`MAX_PENDING_BYTES` per sink; :meth:`settle` waits for the verdicts."""
@@ -82,9 +84,9 @@ class TorrentSink:
             self._room.release()
             kept = not done.cancelled() and done.exception() is None and done.result()
             with self._lock:
-                if kept:
+                if kept and source is not None:
                     self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + length
-                else:
+                elif not kept:
                     self.hash_failures += 1
 
         future.add_done_callback(verdict)
