@@ -7,6 +7,9 @@ Layout: one small JSON object per name at ``{SWARM_CATALOG}{name}.json``::
 
 One object per name (not one shared index) so that concurrent publishes of different
 artifacts never race on a read-modify-write, and a reader needs one GET.
+
+Writers (publish) pass a botocore client; readers (a node) a :class:`~swarm.s3http.S3Client`,
+so that a node never imports botocore.
 """
 
 from __future__ import annotations
@@ -15,11 +18,9 @@ import json
 import time
 from typing import Any
 
-import botocore.exceptions
-
 from swarm.errors import NotFoundError, UsageError
 from swarm.manifest import Manifest, check_name, manifest_key
-from swarm.objectstore import S3_ERRORS, S3Url, raise_for
+from swarm.s3http import S3Client, S3Error, S3ResponseError, S3Url, raise_for
 
 ENTRY_SUFFIX = ".json"
 
@@ -33,15 +34,19 @@ def check_writable(client: Any, catalog: str | None) -> None:
     (a publish found out only after uploading gigabytes)."""
     if not catalog:
         return
+    from swarm import objectstore
+
     prefix = S3Url.parse(catalog)
     try:
         client.head_bucket(Bucket=prefix.bucket)
-    except S3_ERRORS as error:
-        raise_for(error, prefix, "write")
+    except objectstore.S3_ERRORS as error:
+        objectstore.raise_for(error, prefix, "write")
 
 
 def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
     """Write (or replace) the catalog entry for ``manifest.name``."""
+    from swarm import objectstore
+
     url = entry_url(catalog, manifest.name)
     entry = {
         "name": manifest.name,
@@ -57,12 +62,12 @@ def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
             Body=json.dumps(entry, indent=1).encode(),
             ContentType="application/json",
         )
-    except S3_ERRORS as error:
-        raise_for(error, url, "write")
+    except objectstore.S3_ERRORS as error:
+        objectstore.raise_for(error, url, "write")
     return url
 
 
-def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
+def resolve(client: S3Client, source: str, catalog: str | None) -> S3Url:
     """``s3://BUCKET/KEY`` as is; a bare NAME through the catalog."""
     if source.startswith("s3://"):
         url = S3Url.parse(source)
@@ -79,15 +84,15 @@ def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
         )
     url = entry_url(catalog, source)
     try:
-        body = client.get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
-    except botocore.exceptions.ClientError as error:
-        if error.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+        body = _read(client, url)
+    except S3ResponseError as error:
+        if error.code in {"NoSuchKey", "404"}:
             raise NotFoundError(
                 f"swarm: no artifact named {source!r} in the catalog {catalog} ({url} is "
                 f"missing): publish it with `swarm publish FILE s3://BUCKET/KEY --name {source}`"
             ) from error
         raise_for(error, url)
-    except botocore.exceptions.BotoCoreError as error:
+    except S3Error as error:
         raise_for(error, url)
     try:
         return S3Url.parse(json.loads(body)["url"])
@@ -97,12 +102,12 @@ def resolve(client: Any, source: str, catalog: str | None) -> S3Url:
         ) from error
 
 
-def load_manifest(client: Any, url: S3Url, secret: str | None = None) -> Manifest:
+def load_manifest(client: S3Client, url: S3Url, secret: str | None = None) -> Manifest:
     """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``)."""
     target = S3Url(url.bucket, manifest_key(url.key))
     try:
-        data = client.get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
-    except S3_ERRORS as error:
+        data = _read(client, target)
+    except S3Error as error:
         raise_for(error, target)
     manifest = Manifest.loads(data, secret, origin=str(target))
     if url.key.endswith("/") and not manifest.is_tree:
@@ -111,3 +116,13 @@ def load_manifest(client: Any, url: S3Url, secret: str | None = None) -> Manifes
             f"fetch s3://{url.bucket}/{url.key[:-1]} instead"
         )
     return manifest
+
+
+def _read(client: S3Client, url: S3Url) -> bytes:
+    """A small object's bytes (its connection goes back to the pool)."""
+    body = client.get_object(Bucket=url.bucket, Key=url.key)["Body"]
+    try:
+        data: bytes = body.read()
+    finally:
+        body.close()
+    return data

@@ -1,8 +1,10 @@
-"""S3 access shared by publish, the catalog and the S3 source.
+"""S3 through botocore, for what writes or lists: publish, the catalog's entries, the
+origin seeder's listing.
 
-URL parsing, one way to build a client (endpoint from ``--endpoint-url`` or
-``AWS_ENDPOINT_URL``, credentials from boto3's normal chain), and the translation of
-botocore errors into :mod:`swarm.errors` with messages that name bucket, key and fix.
+One way to build a client (endpoint from ``--endpoint-url`` or ``AWS_ENDPOINT_URL``,
+credentials from boto3's normal chain), and the translation of botocore errors into
+:mod:`swarm.errors` with messages that name bucket, key and fix. A node's reads go
+through :mod:`swarm.s3http` instead (no botocore to import at a node's start).
 """
 
 from __future__ import annotations
@@ -10,17 +12,16 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import botocore.exceptions
 import botocore.session
 from botocore.config import Config
 
-from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
+from swarm.errors import SwarmError
+from swarm.s3http import DEFAULT_REGION, S3Url, error_for, no_credentials, unreachable
 
-DEFAULT_REGION = "us-east-1"
-"""Used only when the credential chain names no region (S3 needs one to sign)."""
+__all__ = ["S3_ERRORS", "S3Url", "make_client", "object_http_url", "raise_for"]
 
 SDK_MAX_ATTEMPTS = 8
 """botocore's own retries (``standard`` mode: capped, jittered exponential backoff on
@@ -28,44 +29,6 @@ throttling, 5xx and connection errors), before our per-range retry takes over.""
 
 S3_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 """Everything boto3 raises for a failed S3 call (catch these, then :func:`raise_for`)."""
-
-NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
-DENIED_CODES = frozenset(
-    {
-        "AccessDenied",
-        "403",
-        "Forbidden",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-    }
-)
-
-
-@dataclass(frozen=True)
-class S3Url:
-    """``s3://bucket/key``; ``key`` may end with ``/`` for a prefix."""
-
-    bucket: str
-    key: str
-
-    @classmethod
-    def parse(cls, url: str) -> S3Url:
-        if not url.startswith("s3://"):
-            raise UsageError(f"not an S3 URL: {url!r} (expected s3://BUCKET/KEY)")
-        bucket, _, key = url[len("s3://") :].partition("/")
-        if not bucket:
-            raise UsageError(f"S3 URL has no bucket: {url!r} (expected s3://BUCKET/KEY)")
-        return cls(bucket, key)
-
-    def child(self, name: str) -> S3Url:
-        prefix = self.key if not self.key or self.key.endswith("/") else self.key + "/"
-        return S3Url(self.bucket, prefix + name)
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
 
 _session_lock = threading.Lock()
 """A botocore session is not safe for clients made from it at once."""
@@ -130,35 +93,16 @@ def object_http_url(client: Any, url: S3Url) -> str:
 
 
 def raise_for(error: Exception, url: S3Url, action: str = "read") -> NoReturn:
-    """Translate a botocore error about ``url`` into a :class:`SwarmError` and raise it."""
+    """Translate a botocore error about ``url`` into a :class:`SwarmError` and raise it
+    (the messages are :mod:`swarm.s3http`'s, the node's S3 client's)."""
     if isinstance(error, botocore.exceptions.NoCredentialsError):
-        raise AccessDeniedError(
-            f"swarm: no AWS credentials found to {action} {url}: set AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or attach an instance role"
-        ) from error
+        raise no_credentials(url, action) from error
     if isinstance(error, botocore.exceptions.ClientError):
         err = error.response.get("Error", {})
-        code = str(err.get("Code", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        detail = f"{status} {code}".strip()
-        if code in NOT_FOUND_CODES or status == 404:
-            what = "bucket" if code == "NoSuchBucket" else "object"
-            raise NotFoundError(
-                f"swarm: {url} not found ({detail}): the {what} does not exist; check the "
-                "bucket and key, or publish it first with `swarm publish FILE s3://BUCKET/KEY`"
-            ) from error
-        if code in DENIED_CODES or status == 403:
-            verb = "s3:PutObject" if action == "write" else "s3:GetObject"
-            raise AccessDeniedError(
-                f"swarm: cannot {action} {url} ({detail}): the instance role or credentials "
-                f"need {verb} on arn:aws:s3:::{url.bucket}/*"
-            ) from error
-        raise SwarmError(
-            f"swarm: S3 error on {url} ({detail}): {err.get('Message', '')}"
+        raise error_for(
+            status, str(err.get("Code", "")), str(err.get("Message", "")), url, action
         ) from error
     if isinstance(error, botocore.exceptions.EndpointConnectionError | ConnectionError):
-        raise SwarmError(
-            f"swarm: cannot reach the S3 endpoint for {url} ({error}): check AWS_ENDPOINT_URL "
-            "or --endpoint-url and the network"
-        ) from error
+        raise unreachable(url, error) from error
     raise SwarmError(f"swarm: S3 {action} of {url} failed: {error}") from error

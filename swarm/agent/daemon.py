@@ -56,7 +56,7 @@ from swarm.errors import NoSpaceError, SwarmError, UsageError
 from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
-from swarm.objectstore import make_client
+from swarm.s3http import S3Client
 from swarm.sources.ltsettings import DEFAULT_PORT
 from swarm.sources.peers import TorrentSession
 
@@ -71,8 +71,8 @@ REANNOUNCE_GAP = 2.0
 thousand nodes changes the membership at every report, and each change must not cost
 the tracker an announce per node (at most one per node every two seconds)."""
 
-DAEMON_SDK_ATTEMPTS = 3
-"""botocore's own tries per S3 call in the daemon: its retries are silent (eight of them
+DAEMON_S3_ATTEMPTS = 3
+"""The S3 client's own tries per call in the daemon: its retries are silent (eight of them
 with backoff hid a minute of 503s), the supervisor's show on the progress line."""
 
 STOP_BUDGET = 8.0
@@ -271,8 +271,8 @@ class Daemon:
         A later request for an artifact already here restarts its failed sources (with
         this request's S3 endpoint) and adds the sources it names."""
         self.check_request(request)
-        client = make_client(
-            request.endpoint_url or self.settings.endpoint_url, max_attempts=DAEMON_SDK_ATTEMPTS
+        client = S3Client(
+            request.endpoint_url or self.settings.endpoint_url, max_attempts=DAEMON_S3_ATTEMPTS
         )
         url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
         manifest = catalog.load_manifest(client, url, self.settings.secret)

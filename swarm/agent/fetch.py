@@ -21,9 +21,9 @@ from swarm.agent.destlock import describe as describe_owner
 from swarm.agent.store import PieceFile, check_dest
 from swarm.errors import DeadlineError, SwarmError
 from swarm.manifest import Manifest
-from swarm.objectstore import make_client
 from swarm.pieces import file_sha256
 from swarm.progress import FetchProgress
+from swarm.s3http import S3Client
 from swarm.sources import Cancelled
 from swarm.sources.s3 import S3Source, S3SourceConfig
 
@@ -94,7 +94,7 @@ def run_with_deadline(
 def within_deadline(deadline: float | None, started: float, work: Callable[[], T]) -> T:
     """Run blocking ``work`` (a catalog or manifest read) within what is left of the
     deadline: an S3 endpoint that accepts connections and never answers would otherwise
-    hold the fetch for botocore's timeouts times its retries (minutes)."""
+    hold the fetch for the client's timeouts times its retries (minutes)."""
     if deadline is None:
         return work()
     left = deadline - (time.monotonic() - started)
@@ -137,7 +137,7 @@ def fetch_in_process(
     s3_config = s3_config or S3SourceConfig()
     dest = dest.absolute()
     check_dest(dest, directory_ok=True)  # a directory artifact replaces a directory
-    client = make_client(endpoint_url, max_connections=s3_config.concurrency + 2)
+    client = S3Client(endpoint_url, max_connections=s3_config.concurrency + 2)
     manifest = within_deadline(
         deadline,
         started,

@@ -76,10 +76,9 @@ def endpoint_round_trip(url: str | None) -> float | None:
 
 
 def s3_round_trip(client: Any) -> float | None:
-    """:func:`endpoint_round_trip` to the endpoint of an S3 client (botocore's), None
-    without one."""
-    meta = getattr(client, "meta", None)
-    return endpoint_round_trip(getattr(meta, "endpoint_url", None))
+    """:func:`endpoint_round_trip` to the endpoint of an S3 client
+    (:class:`swarm.s3http.S3Client`), None without one."""
+    return endpoint_round_trip(getattr(client, "endpoint_url", None))
 
 
 def connect_rtt(

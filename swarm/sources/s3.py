@@ -4,10 +4,10 @@ Shape (after s3transfer): a pure range planner (:func:`swarm.pieces.plan_ranges`
 bounded pool of requests, one sink written at offsets, a named tuple of retryable errors,
 capped jittered backoff, and a cancellation check per piece.
 
-Two layers of retry: botocore's ``standard`` mode retries a request that fails before
-its body starts (503 SlowDown, 500, connection refused/reset). A failure while streaming
-the body, or a piece whose hash does not match, is retried here, for the pieces of that
-range still missing.
+Two layers of retry: the client (:class:`swarm.s3http.S3Client`) retries a request that
+fails before its body starts (503 SlowDown, 500, connection refused/reset). A failure
+while streaming the body, or a piece whose hash does not match, is retried here, for the
+pieces of that range still missing.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import http.client
 import logging
 import random
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,13 +25,10 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-import botocore.exceptions
-import urllib3.exceptions
-
 from swarm.errors import IntegrityError, SwarmError
 from swarm.manifest import Manifest
-from swarm.objectstore import S3Url, raise_for
 from swarm.pieces import DEFAULT_RANGE_SIZE, ByteRange, PieceLayout, plan_ranges
+from swarm.s3http import RETRYABLE_STATUS, S3Error, S3ResponseError, S3Url, raise_for
 from swarm.sources import Cancelled, PieceSink
 
 log = logging.getLogger(__name__)
@@ -58,18 +56,12 @@ BACKOFF_BASE = 0.2
 BACKOFF_CAP = 5.0
 
 RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
-    botocore.exceptions.ConnectionError,
-    botocore.exceptions.ReadTimeoutError,
-    botocore.exceptions.ResponseStreamingError,
-    botocore.exceptions.IncompleteReadError,
-    urllib3.exceptions.HTTPError,
-    http.client.HTTPException,  # e.g. IncompleteRead, from reading the body directly
-    ConnectionError,
+    http.client.HTTPException,  # e.g. IncompleteRead: the body ended early
+    ConnectionError,  # also the client's S3ConnectionError
     TimeoutError,
+    ssl.SSLError,
 )
 """Failures worth another try of the same range; anything else is final."""
-
-RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 
 
 def backoff_delay(attempt: int, rng: random.Random) -> float:
@@ -79,31 +71,17 @@ def backoff_delay(attempt: int, rng: random.Random) -> float:
 
 
 def _http_response(body: Any) -> http.client.HTTPResponse | None:
-    """The ``http.client`` response under a botocore ``StreamingBody`` (or the body itself,
+    """The ``http.client`` response of a :class:`swarm.s3http.Body` (or the body itself,
     if it is one), or None when the body is something else (a test double, a directory
     artifact's spanning body)."""
     if isinstance(body, http.client.HTTPResponse):
         return body
-    fp = getattr(getattr(body, "_raw_stream", None), "_fp", None)
-    return fp if isinstance(fp, http.client.HTTPResponse) else None
-
-
-def release_connection(body: Any) -> None:
-    """Give the connection under a body read to its end back to the client's pool.
-
-    urllib3 does so itself when its own ``read`` reaches the end, but :func:`read_exactly`
-    reads through ``http.client``, so the body's ``close`` then closed the connection:
-    every GET paid a new TCP connection and slow start (and in AWS a TLS handshake; 32
-    GETs opened 32 connections, now 8). A body not read to its end is left alone
-    (``close`` drops its connection)."""
-    raw = getattr(body, "_raw_stream", None)
-    response = _http_response(body)
-    if raw is not None and response is not None and response.isclosed():
-        raw.release_conn()
+    response = getattr(body, "response", None)
+    return response if isinstance(response, http.client.HTTPResponse) else None
 
 
 def _body_socket(body: Any) -> socket.socket | None:
-    """The TCP socket under a botocore ``StreamingBody``, or None."""
+    """The TCP socket under a body, or None."""
     response = _http_response(body)
     sock = getattr(getattr(response and response.fp, "raw", None), "_sock", None)
     return sock if isinstance(sock, socket.socket) else None
@@ -167,12 +145,11 @@ def read_exactly(body: Any, view: memoryview, water: LowWater | None = None) -> 
     """Fill ``view`` with the next ``len(view)`` bytes of ``body``; IncompleteReadError if
     the body ends first.
 
-    From a botocore body, through the ``http.client`` response under it: its ``readinto``
-    moves the bytes from the socket straight into our buffer and still enforces
-    Content-Length, where ``StreamingBody.read(n)`` goes through urllib3, which copies
-    every chunk two or three times (at hundreds of MB/s a good part of a core; botocore
-    asks urllib3 for undecoded bytes, so both read the same bytes). Anything else (a test
-    double, a directory artifact's spanning body) is read with ``read``. ``water``'s mark
+    Through the ``http.client`` response under the body: its ``readinto`` moves the bytes
+    from the socket straight into our buffer (botocore's ``StreamingBody.read(n)`` went
+    through urllib3, which copied every chunk two or three times: at hundreds of MB/s a
+    good part of a core). Anything else (a test double, a directory artifact's spanning
+    body) is read with ``read``. ``water``'s mark
     follows what the response says is left (``length``), so an object shorter than its
     range ends in ``IncompleteRead`` at once, not after a read timeout per try."""
     length = len(view)
@@ -189,7 +166,7 @@ def read_exactly(body: Any, view: memoryview, water: LowWater | None = None) -> 
             n = len(chunk)
             view[got : got + n] = chunk
         if not n:  # EOF: truncated
-            raise botocore.exceptions.IncompleteReadError(actual_bytes=got, expected_bytes=length)
+            raise http.client.IncompleteRead(b"", length - got)
         got += n
     return view
 
@@ -301,12 +278,11 @@ class S3Source:
                 reason = f"{bad} piece(s) failed their hash"
             except RETRYABLE_ERRORS as error:
                 reason = f"{type(error).__name__}: {error}"
-            except botocore.exceptions.ClientError as error:
-                status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                if status not in RETRYABLE_STATUS:
+            except S3ResponseError as error:
+                if error.status not in RETRYABLE_STATUS:
                     raise_for(error, self.url)
-                reason = f"HTTP {status} {error.response.get('Error', {}).get('Code', '')}"
-            except botocore.exceptions.BotoCoreError as error:  # e.g. no credentials: final
+                reason = f"HTTP {error.status} {error.code}"
+            except S3Error as error:  # e.g. no credentials: final
                 raise_for(error, self.url)
             attempt += 1
             self.retries += 1
@@ -362,7 +338,6 @@ class S3Source:
         bad = 0
         buffer = memoryview(bytearray(self.layout.piece_size))
         water = LowWater(_body_socket(body))
-        read_through = False
         try:
             for index in byte_range.pieces:
                 self._stopped(halt)
@@ -379,13 +354,9 @@ class S3Source:
                 if not self.sink.offer(index, data, SOURCE):
                     bad += 1
                     log.warning("s3 piece %d of %s failed its SHA-1; will refetch", index, self.url)
-            else:
-                read_through = True
         finally:
             water.reset()
-            if read_through:
-                release_connection(body)
-            body.close()
+            body.close()  # the connection back to the pool if the body was read to its end
         settle = getattr(self.sink, "settle", None)
         if settle is not None:  # a sink that checks pieces after offer returned
             bad += settle(byte_range.pieces)
@@ -424,10 +395,7 @@ class SpanningBody:
                 return b""
         chunk: bytes = self._body.read(min(size, self._left))
         if not chunk:
-            length = self.parts[self._index][2]
-            raise botocore.exceptions.IncompleteReadError(
-                actual_bytes=length - self._left, expected_bytes=length
-            )
+            raise http.client.IncompleteRead(b"", self._left)
         self._left -= len(chunk)
         return chunk
 

@@ -1,0 +1,435 @@
+"""S3 reads for a node without botocore: ``http.client`` connections, requests signed
+(SigV4) and credentials resolved by awscrt, the AWS SDKs' common runtime.
+
+A node reads three things from S3: a catalog entry, a manifest, and ranges of the
+object. botocore cost a fresh daemon 0.25 CPU-s to import and to build its client (it
+loads S3's model, endpoint rules and partitions from JSON): half of a node's fixed start,
+and in the s3-fast bench six nodes start at once on two cores, so every node's first
+byte waited for all six. awscrt is C: importing it costs 0.05 CPU-s, and it resolves
+credentials with the SDKs' default chain (environment, profile files, web identity, ECS
+container, EC2 instance role over IMDSv2). Publishing and the seeders' catalog listing
+keep boto3/botocore (multipart uploads, paginators): nothing there starts per node.
+
+Only what a node needs: GET of an object or a byte range, path-style addressing (as the
+botocore client was configured: it works with AWS and every S3-compatible server), the
+endpoint from ``--endpoint-url``, ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, the
+region from ``AWS_REGION``, ``AWS_DEFAULT_REGION`` or the profile's config, and the
+``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` variables. A body is the ``http.client``
+response itself, so the S3 source reads it straight into its buffers.
+"""
+
+from __future__ import annotations
+
+import configparser
+import functools
+import http.client
+import os
+import random
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
+
+DEFAULT_REGION = "us-east-1"
+"""Used only when nothing names a region (S3 needs one to sign)."""
+
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+"""Seconds without a byte before a read fails (botocore's default, which the node used)."""
+
+DEFAULT_ATTEMPTS = 3
+"""Tries of one call that fails before its body starts (5xx, throttling, a refused or
+reset connection), with jittered backoff; the S3 source retries a range on top."""
+
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+BACKOFF_BASE = 0.2
+BACKOFF_CAP = 5.0
+ERROR_BODY_LIMIT = 64 << 10
+
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
+DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "403",
+        "Forbidden",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+    }
+)
+
+
+@dataclass(frozen=True)
+class S3Url:
+    """``s3://bucket/key``; ``key`` may end with ``/`` for a prefix."""
+
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, url: str) -> S3Url:
+        if not url.startswith("s3://"):
+            raise UsageError(f"not an S3 URL: {url!r} (expected s3://BUCKET/KEY)")
+        bucket, _, key = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise UsageError(f"S3 URL has no bucket: {url!r} (expected s3://BUCKET/KEY)")
+        return cls(bucket, key)
+
+    def child(self, name: str) -> S3Url:
+        prefix = self.key if not self.key or self.key.endswith("/") else self.key + "/"
+        return S3Url(self.bucket, prefix + name)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+class S3Error(Exception):
+    """A failed S3 call (base of this module's errors)."""
+
+
+class S3ResponseError(S3Error):
+    """S3 answered with an error status; ``code`` is S3's error code (``NoSuchKey``,
+    ``SlowDown``...) or the status when the answer had no body (a HEAD, a proxy)."""
+
+    def __init__(self, status: int, code: str, message: str = "") -> None:
+        super().__init__(f"HTTP {status} {code}: {message}".rstrip(": "))
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class S3ConnectionError(S3Error, ConnectionError):
+    """The endpoint could not be reached, or the connection broke before an answer."""
+
+
+class NoCredentialsError(S3Error):
+    """The credential chain found nothing to sign with."""
+
+
+def error_for(status: int | None, code: str, message: str, url: S3Url, action: str) -> SwarmError:
+    """The :class:`SwarmError` for S3's answer about ``url``, with a message that names
+    the fix (shared with :func:`swarm.objectstore.raise_for`, botocore's side)."""
+    detail = f"{status or ''} {code}".strip()
+    if code in NOT_FOUND_CODES or status == 404:
+        what = "bucket" if code == "NoSuchBucket" else "object"
+        return NotFoundError(
+            f"swarm: {url} not found ({detail}): the {what} does not exist; check the "
+            "bucket and key, or publish it first with `swarm publish FILE s3://BUCKET/KEY`"
+        )
+    if code in DENIED_CODES or status == 403:
+        verb = "s3:PutObject" if action == "write" else "s3:GetObject"
+        return AccessDeniedError(
+            f"swarm: cannot {action} {url} ({detail}): the instance role or credentials "
+            f"need {verb} on arn:aws:s3:::{url.bucket}/*"
+        )
+    return SwarmError(f"swarm: S3 error on {url} ({detail}): {message}")
+
+
+def no_credentials(url: S3Url, action: str) -> AccessDeniedError:
+    return AccessDeniedError(
+        f"swarm: no AWS credentials found to {action} {url}: set AWS_ACCESS_KEY_ID/"
+        "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or attach an instance role"
+    )
+
+
+def unreachable(url: S3Url, error: BaseException) -> SwarmError:
+    return SwarmError(
+        f"swarm: cannot reach the S3 endpoint for {url} ({error}): check AWS_ENDPOINT_URL "
+        "or --endpoint-url and the network"
+    )
+
+
+def raise_for(error: Exception, url: S3Url, action: str = "read") -> Any:
+    """Translate an error of this module about ``url`` into a :class:`SwarmError`."""
+    if isinstance(error, S3ResponseError):
+        raise error_for(error.status, error.code, error.message, url, action) from error
+    if isinstance(error, NoCredentialsError):
+        raise no_credentials(url, action) from error
+    if isinstance(error, ConnectionError):
+        raise unreachable(url, error) from error
+    raise SwarmError(f"swarm: S3 {action} of {url} failed: {error}") from error
+
+
+# -- where and as whom --------------------------------------------------------------------
+
+
+def _profile_config() -> dict[str, str]:
+    """The active profile's section of the shared config file (``~/.aws/config``)."""
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default"
+    path = Path(os.environ.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config")
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except (OSError, configparser.Error):
+        return {}
+    section = profile if profile == "default" else f"profile {profile}"
+    return dict(parser[section]) if parser.has_section(section) else {}
+
+
+def region_name() -> str:
+    """The region to sign for: ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's
+    ``region``, else :data:`DEFAULT_REGION` (botocore's order, less its config merging)."""
+    return (
+        os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or _profile_config().get("region")
+        or DEFAULT_REGION
+    )
+
+
+def endpoint_for(endpoint_url: str | None, region: str) -> str:
+    """``endpoint_url``, else ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, else the
+    region's S3 endpoint."""
+    url = (
+        endpoint_url
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or f"https://s3.{region}.amazonaws.com{'.cn' if region.startswith('cn-') else ''}"
+    )
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"swarm: S3 endpoint {url!r} is not an http(s):// URL")
+    return url.rstrip("/")
+
+
+@functools.cache
+def _credentials() -> Any:
+    """The process's credential provider: the SDKs' default chain, cached by awscrt (an
+    instance role's credentials are refreshed before they expire)."""
+    import awscrt.auth
+
+    return awscrt.auth.AwsCredentialsProvider.new_default_chain()
+
+
+# -- connections --------------------------------------------------------------------------
+
+
+def _connect(conn: http.client.HTTPConnection, connect: Any) -> None:
+    """Connect under :data:`CONNECT_TIMEOUT` (and the TLS handshake, and a proxy's
+    CONNECT), then read under the connection's own timeout: an endpoint that drops SYNs
+    fails in seconds, not in a read timeout per try."""
+    read_timeout = conn.timeout
+    conn.timeout = CONNECT_TIMEOUT
+    try:
+        connect()
+    finally:
+        conn.timeout = read_timeout
+    if conn.sock is not None:
+        conn.sock.settimeout(read_timeout)
+
+
+class _Connection(http.client.HTTPConnection):
+    def connect(self) -> None:
+        _connect(self, super().connect)
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        _connect(self, super().connect)
+
+
+def _proxy_for(scheme: str, host: str) -> str | None:
+    """The proxy URL the environment names for ``scheme://host``, if any."""
+    if not any(k.lower().endswith("_proxy") for k in os.environ):
+        return None
+    import urllib.request
+
+    if urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies_environment().get(scheme)
+
+
+class Body:
+    """One GET's response body: the ``http.client`` response (``response``), readable with
+    :meth:`read`. :meth:`close` gives the connection back to the client's pool when the
+    body was read to its end, and drops it otherwise (unread bytes would precede the
+    next response)."""
+
+    def __init__(self, response: http.client.HTTPResponse, release: Any) -> None:
+        self.response = response
+        self._release = release
+
+    def read(self, amt: int | None = None) -> bytes:
+        data = self.response.read(amt)
+        if amt is not None and amt > 0 and not data and self.response.length:
+            raise http.client.IncompleteRead(b"", self.response.length)
+        return data
+
+    @property
+    def socket(self) -> socket.socket | None:
+        sock = getattr(getattr(self.response.fp, "raw", None), "_sock", None)
+        return sock if isinstance(sock, socket.socket) else None
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release(self.response.isclosed())
+        self.response.close()
+
+
+class S3Client:
+    """GETs of S3 objects, signed, over a pool of kept-alive connections (thread-safe).
+
+    ``get_object(Bucket=, Key=, Range=)`` answers ``{"Body": Body, "ContentLength": n}``,
+    the shape botocore's had, and raises :class:`S3ResponseError`,
+    :class:`S3ConnectionError` or :class:`NoCredentialsError`."""
+
+    def __init__(
+        self,
+        endpoint_url: str | None = None,
+        max_connections: int = 16,
+        max_attempts: int = DEFAULT_ATTEMPTS,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.region = region_name()
+        self.endpoint_url = endpoint_for(endpoint_url, self.region)
+        parts = urlsplit(self.endpoint_url)
+        self.scheme = parts.scheme
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if self.scheme == "https" else 80)
+        default_port = self.port == (443 if self.scheme == "https" else 80)
+        self.host_header = self.host if default_port else f"{self.host}:{self.port}"
+        self.base_path = parts.path.rstrip("/")
+        self.proxy = _proxy_for(self.scheme, self.host)
+        self.max_connections = max_connections
+        self.max_attempts = max_attempts
+        self.rng = rng or random.Random()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._signing: Any = None
+        self._tls: Any = None
+
+    # -- the calls --
+
+    def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
+        path = f"{self.base_path}/{quote(Bucket)}/{quote(Key, safe='/~')}"
+        headers = [("Host", self.host_header)]
+        if Range is not None:
+            headers.append(("Range", Range))
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn, response = self._request("GET", path, headers)
+            except S3ResponseError as error:
+                if error.status not in RETRYABLE_STATUS or attempt >= self.max_attempts:
+                    raise
+            except S3ConnectionError:
+                if attempt >= self.max_attempts:
+                    raise
+            else:
+                body = Body(response, functools.partial(self._release, conn))
+                return {"Body": body, "ContentLength": response.length}
+            time.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    # -- internals --
+
+    def _sign(
+        self, method: str, path: str, headers: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        import awscrt.auth
+        import awscrt.exceptions
+        import awscrt.http
+
+        if self._signing is None:
+            self._signing = awscrt.auth.AwsSigningConfig(
+                credentials_provider=_credentials(),
+                region=self.region,
+                service="s3",
+                # S3 signs the path as sent (no double encoding, no normalising).
+                use_double_uri_encode=False,
+                should_normalize_uri_path=False,
+                signed_body_value=awscrt.auth.AwsSignedBodyValue.EMPTY_SHA256,
+                signed_body_header_type=awscrt.auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
+            )
+        request = awscrt.http.HttpRequest(method, path, awscrt.http.HttpHeaders(headers))
+        try:
+            signed = awscrt.auth.aws_sign_request(request, self._signing).result()
+        except awscrt.exceptions.AwsCrtError as error:
+            if "CREDENTIAL" in error.name:
+                raise NoCredentialsError(f"{error.name}: {error.message}") from error
+            raise S3Error(f"signing failed: {error.name}: {error.message}") from error
+        return list(signed.headers)
+
+    def _connect(self) -> http.client.HTTPConnection:
+        """A new connection to the endpoint, or through the proxy's CONNECT tunnel."""
+        host, port = self.host, self.port
+        if self.proxy is not None:
+            proxy = urlsplit(self.proxy)
+            host, port = proxy.hostname or "", proxy.port or 80
+        conn: http.client.HTTPConnection
+        if self.scheme == "https":
+            if self._tls is None:
+                import ssl
+
+                self._tls = ssl.create_default_context()
+            conn = _TLSConnection(host, port, timeout=READ_TIMEOUT, context=self._tls)
+        else:
+            conn = _Connection(host, port, timeout=READ_TIMEOUT)
+        if self.proxy is not None:
+            conn.set_tunnel(self.host, self.port)
+        return conn
+
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connect(), False
+
+    def _release(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
+        if reusable:
+            with self._lock:
+                if len(self._idle) < self.max_connections:
+                    self._idle.append(conn)
+                    return
+        conn.close()
+
+    def _request(
+        self, method: str, path: str, headers: list[tuple[str, str]]
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        signed = self._sign(method, path, headers)
+        while True:
+            conn, reused = self._take()
+            try:
+                conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+                for name, value in signed:
+                    conn.putheader(name, value)
+                conn.endheaders()
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as error:
+                conn.close()
+                if reused:  # a kept-alive connection the server had closed: a fresh one
+                    continue
+                raise S3ConnectionError(f"{self.endpoint_url}: {error}") from error
+            break
+        if response.status in (200, 206):
+            return conn, response
+        raw = response.read(ERROR_BODY_LIMIT)
+        if response.isclosed():
+            self._release(conn, True)
+        else:
+            conn.close()
+        code, message = _error_fields(raw.decode("utf-8", "replace"))
+        raise S3ResponseError(response.status, code or str(response.status), message)
+
+
+def _error_fields(xml: str) -> tuple[str, str]:
+    """``Code`` and ``Message`` of S3's XML error document (empty where absent)."""
+    code = re.search(r"<Code>([^<]*)</Code>", xml)
+    message = re.search(r"<Message>([^<]*)</Message>", xml)
+    return (code.group(1) if code else "", message.group(1) if message else "")
