@@ -98,11 +98,13 @@ class S3ResponseError(S3Error):
     """S3 answered with an error status; ``code`` is S3's error code (``NoSuchKey``,
     ``SlowDown``...) or the status when the answer had no body (a HEAD, a proxy)."""
 
-    def __init__(self, status: int, code: str, message: str = "") -> None:
+    def __init__(self, status: int, code: str, message: str = "", region: str = "") -> None:
         super().__init__(f"HTTP {status} {code}: {message}".rstrip(": "))
         self.status = status
         self.code = code
         self.message = message
+        self.region = region
+        """The bucket's region, where S3 named it (a request to the wrong region)."""
 
 
 class S3ConnectionError(S3Error, ConnectionError):
@@ -274,100 +276,30 @@ class Body:
         self.response.close()
 
 
-class S3Client:
-    """GETs of S3 objects, signed, over a pool of kept-alive connections (thread-safe).
+class _Endpoint:
+    """One S3 endpoint as requests see it: where to connect (directly or through the
+    proxy's CONNECT tunnel), the ``Host`` header, the region to sign for, and a pool of
+    kept-alive connections."""
 
-    ``get_object(Bucket=, Key=, Range=)`` answers ``{"Body": Body, "ContentLength": n}``,
-    the shape botocore's had, and raises :class:`S3ResponseError`,
-    :class:`S3ConnectionError` or :class:`NoCredentialsError`."""
-
-    def __init__(
-        self,
-        endpoint_url: str | None = None,
-        max_connections: int = 16,
-        max_attempts: int = DEFAULT_ATTEMPTS,
-        rng: random.Random | None = None,
-    ) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        self.region = region_name()
-        self.endpoint_url = endpoint_for(endpoint_url, self.region)
-        parts = urlsplit(self.endpoint_url)
+    def __init__(self, url: str, region: str, max_connections: int) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self.region = region
         self.scheme = parts.scheme
         self.host = parts.hostname or ""
         self.port = parts.port or (443 if self.scheme == "https" else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
         default_port = self.port == (443 if self.scheme == "https" else 80)
-        self.host_header = self.host if default_port else f"{self.host}:{self.port}"
+        self.host_header = host if default_port else f"{host}:{self.port}"
         self.base_path = parts.path.rstrip("/")
         self.proxy = _proxy_for(self.scheme, self.host)
         self.max_connections = max_connections
-        self.max_attempts = max_attempts
-        self.rng = rng or random.Random()
+        self.signing: Any = None
+        self._tls: Any = None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self._signing: Any = None
-        self._tls: Any = None
 
-    # -- the calls --
-
-    def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
-        path = f"{self.base_path}/{quote(Bucket)}/{quote(Key, safe='/~')}"
-        headers = [("Host", self.host_header)]
-        if Range is not None:
-            headers.append(("Range", Range))
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                conn, response = self._request("GET", path, headers)
-            except S3ResponseError as error:
-                if error.status not in RETRYABLE_STATUS or attempt >= self.max_attempts:
-                    raise
-            except S3ConnectionError:
-                if attempt >= self.max_attempts:
-                    raise
-            else:
-                body = Body(response, functools.partial(self._release, conn))
-                return {"Body": body, "ContentLength": response.length}
-            time.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-    # -- internals --
-
-    def _sign(
-        self, method: str, path: str, headers: list[tuple[str, str]]
-    ) -> list[tuple[str, str]]:
-        import awscrt.auth
-        import awscrt.exceptions
-        import awscrt.http
-
-        if self._signing is None:
-            self._signing = awscrt.auth.AwsSigningConfig(
-                credentials_provider=_credentials(),
-                region=self.region,
-                service="s3",
-                # S3 signs the path as sent (no double encoding, no normalising).
-                use_double_uri_encode=False,
-                should_normalize_uri_path=False,
-                signed_body_value=awscrt.auth.AwsSignedBodyValue.EMPTY_SHA256,
-                signed_body_header_type=awscrt.auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
-            )
-        request = awscrt.http.HttpRequest(method, path, awscrt.http.HttpHeaders(headers))
-        try:
-            signed = awscrt.auth.aws_sign_request(request, self._signing).result()
-        except awscrt.exceptions.AwsCrtError as error:
-            if "CREDENTIAL" in error.name:
-                raise NoCredentialsError(f"{error.name}: {error.message}") from error
-            raise S3Error(f"signing failed: {error.name}: {error.message}") from error
-        return list(signed.headers)
-
-    def _connect(self) -> http.client.HTTPConnection:
-        """A new connection to the endpoint, or through the proxy's CONNECT tunnel."""
+    def connect(self) -> http.client.HTTPConnection:
         host, port = self.host, self.port
         if self.proxy is not None:
             proxy = urlsplit(self.proxy)
@@ -385,13 +317,14 @@ class S3Client:
             conn.set_tunnel(self.host, self.port)
         return conn
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+    def take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection (True: reused) or a new one."""
         with self._lock:
             if self._idle:
                 return self._idle.pop(), True
-        return self._connect(), False
+        return self.connect(), False
 
-    def _release(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
+    def release(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
         if reusable:
             with self._lock:
                 if len(self._idle) < self.max_connections:
@@ -399,12 +332,124 @@ class S3Client:
                     return
         conn.close()
 
-    def _request(
-        self, method: str, path: str, headers: list[tuple[str, str]]
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        signed = self._sign(method, path, headers)
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class S3Client:
+    """GETs of S3 objects, signed, over pools of kept-alive connections (thread-safe).
+
+    ``get_object(Bucket=, Key=, Range=)`` answers ``{"Body": Body, "ContentLength": n}``,
+    the shape botocore's had, and raises :class:`S3ResponseError`,
+    :class:`S3ConnectionError` or :class:`NoCredentialsError`. A bucket in another region
+    than the one configured is followed there, as botocore did (S3 names the bucket's
+    region in its 301 or 400 answer), unless the endpoint was given."""
+
+    def __init__(
+        self,
+        endpoint_url: str | None = None,
+        max_connections: int = 16,
+        max_attempts: int = DEFAULT_ATTEMPTS,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        region = region_name()
+        url = endpoint_for(endpoint_url, region)
+        self.follows_regions = url == endpoint_for(None, region) and not (
+            os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+        )
+        """The endpoint is AWS's own for the region (not one given): a bucket elsewhere
+        is read from its region's endpoint."""
+        self.max_connections = max_connections
+        self.endpoint = _Endpoint(url, region, max_connections)
+        self.endpoint_url = url
+        self.region = region
+        self.max_attempts = max_attempts
+        self.rng = rng or random.Random()
+        self._buckets: dict[str, _Endpoint] = {}
+        """Buckets found in another region, and their region's endpoint."""
+
+    # -- the calls --
+
+    def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
+        headers: list[tuple[str, str]] = [] if Range is None else [("Range", Range)]
+        attempt = 0
         while True:
-            conn, reused = self._take()
+            attempt += 1
+            endpoint = self._buckets.get(Bucket, self.endpoint)
+            path = f"{endpoint.base_path}/{quote(Bucket)}/{quote(Key, safe='/~')}"
+            try:
+                conn, response = self._request(endpoint, "GET", path, headers)
+            except S3ResponseError as error:
+                moved = self._moved(Bucket, endpoint, error)
+                if moved:
+                    attempt -= 1  # not a failure: S3 said where the bucket is
+                    continue
+                if error.status not in RETRYABLE_STATUS or attempt >= self.max_attempts:
+                    raise
+            except S3ConnectionError:
+                if attempt >= self.max_attempts:
+                    raise
+            else:
+                body = Body(response, functools.partial(endpoint.release, conn))
+                return {"Body": body, "ContentLength": response.length}
+            time.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
+
+    def close(self) -> None:
+        for endpoint in {self.endpoint, *self._buckets.values()}:
+            endpoint.close()
+
+    # -- internals --
+
+    def _moved(self, bucket: str, endpoint: _Endpoint, error: S3ResponseError) -> bool:
+        """Remember ``bucket``'s region when S3 says it is another (True: ask there)."""
+        region = error.region
+        if not self.follows_regions or not region or region == endpoint.region:
+            return False
+        if error.status not in (301, 307, 400):
+            return False
+        self._buckets[bucket] = _Endpoint(endpoint_for(None, region), region, self.max_connections)
+        return True
+
+    def _sign(
+        self, endpoint: _Endpoint, method: str, path: str, headers: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        import awscrt.auth
+        import awscrt.exceptions
+        import awscrt.http
+
+        if endpoint.signing is None:
+            endpoint.signing = awscrt.auth.AwsSigningConfig(
+                credentials_provider=_credentials(),
+                region=endpoint.region,
+                service="s3",
+                # S3 signs the path as sent (no double encoding, no normalising).
+                use_double_uri_encode=False,
+                should_normalize_uri_path=False,
+                signed_body_value=awscrt.auth.AwsSignedBodyValue.EMPTY_SHA256,
+                signed_body_header_type=awscrt.auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
+            )
+        request = awscrt.http.HttpRequest(
+            method, path, awscrt.http.HttpHeaders([("Host", endpoint.host_header), *headers])
+        )
+        try:
+            signed = awscrt.auth.aws_sign_request(request, endpoint.signing).result()
+        except awscrt.exceptions.AwsCrtError as error:
+            if "CREDENTIAL" in error.name:
+                raise NoCredentialsError(f"{error.name}: {error.message}") from error
+            raise S3Error(f"signing failed: {error.name}: {error.message}") from error
+        return list(signed.headers)
+
+    def _request(
+        self, endpoint: _Endpoint, method: str, path: str, headers: list[tuple[str, str]]
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        signed = self._sign(endpoint, method, path, headers)
+        while True:
+            conn, reused = endpoint.take()
             try:
                 conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
                 for name, value in signed:
@@ -415,21 +460,23 @@ class S3Client:
                 conn.close()
                 if reused:  # a kept-alive connection the server had closed: a fresh one
                     continue
-                raise S3ConnectionError(f"{self.endpoint_url}: {error}") from error
+                raise S3ConnectionError(f"{endpoint.url}: {error}") from error
             break
         if response.status in (200, 206):
             return conn, response
         raw = response.read(ERROR_BODY_LIMIT)
-        if response.isclosed():
-            self._release(conn, True)
-        else:
-            conn.close()
-        code, message = _error_fields(raw.decode("utf-8", "replace"))
-        raise S3ResponseError(response.status, code or str(response.status), message)
+        endpoint.release(conn, response.isclosed())
+        text = raw.decode("utf-8", "replace")
+        code, message = _error_fields(text)
+        region = response.getheader("x-amz-bucket-region") or _xml_field(text, "Region")
+        raise S3ResponseError(response.status, code or str(response.status), message, region)
+
+
+def _xml_field(xml: str, name: str) -> str:
+    found = re.search(f"<{name}>([^<]*)</{name}>", xml)
+    return found.group(1) if found else ""
 
 
 def _error_fields(xml: str) -> tuple[str, str]:
     """``Code`` and ``Message`` of S3's XML error document (empty where absent)."""
-    code = re.search(r"<Code>([^<]*)</Code>", xml)
-    message = re.search(r"<Message>([^<]*)</Message>", xml)
-    return (code.group(1) if code else "", message.group(1) if message else "")
+    return _xml_field(xml, "Code"), _xml_field(xml, "Message")

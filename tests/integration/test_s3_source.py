@@ -115,9 +115,9 @@ def test_gets_read_to_their_end_reuse_one_connection(env, bucket, tmp_path):
     sink = RacingSink(manifest, trigger=-1, others=set())
     config = S3SourceConfig(concurrency=1, range_size=2 * PIECE)
     gets, opened = [], []
-    get_object, connect = client.get_object, client._connect  # counted, then called
+    get_object, connect = client.get_object, client.endpoint.connect  # counted, then called
     client.get_object = lambda **kw: gets.append(kw) or get_object(**kw)  # type: ignore[method-assign]
-    client._connect = lambda: opened.append(1) or connect()  # type: ignore[method-assign]
+    client.endpoint.connect = lambda: opened.append(1) or connect()  # type: ignore[method-assign]
     S3Source(client, manifest, sink, threading.Event(), config).fetch(range(8))
     assert len(gets) == 4 and sink.held == set(range(8))
     assert len(opened) == 1

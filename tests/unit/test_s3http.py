@@ -9,6 +9,7 @@ from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageErro
 from swarm.s3http import (
     DEFAULT_REGION,
     S3Client,
+    S3ResponseError,
     S3Url,
     _error_fields,
     endpoint_for,
@@ -67,19 +68,36 @@ def test_endpoint_is_the_flag_then_the_environment_then_the_regions(monkeypatch)
 
 
 def test_the_host_header_carries_a_port_only_when_it_is_not_the_schemes():
-    assert S3Client("http://minio:9000").host_header == "minio:9000"
-    assert S3Client("https://s3.eu-west-1.amazonaws.com").host_header == (
+    assert S3Client("http://minio:9000").endpoint.host_header == "minio:9000"
+    assert S3Client("https://s3.eu-west-1.amazonaws.com").endpoint.host_header == (
         "s3.eu-west-1.amazonaws.com"
     )
-    assert S3Client("http://example.com:80").host_header == "example.com"
+    assert S3Client("http://example.com:80").endpoint.host_header == "example.com"
+    assert S3Client("http://[fd00::5]:9000").endpoint.host_header == "[fd00::5]:9000"
 
 
 def test_a_proxy_from_the_environment_is_used_unless_the_host_is_exempt(monkeypatch):
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
-    assert S3Client("https://s3.eu-west-1.amazonaws.com").proxy == "http://proxy.internal:3128"
-    assert S3Client("http://minio:9000").proxy is None  # no HTTP_PROXY
+    aws = "https://s3.eu-west-1.amazonaws.com"
+    assert S3Client(aws).endpoint.proxy == "http://proxy.internal:3128"
+    assert S3Client("http://minio:9000").endpoint.proxy is None  # no HTTP_PROXY
     monkeypatch.setenv("NO_PROXY", "amazonaws.com")
-    assert S3Client("https://s3.eu-west-1.amazonaws.com").proxy is None
+    assert S3Client(aws).endpoint.proxy is None
+
+
+def test_a_bucket_in_another_region_is_followed_there_on_aws_only(monkeypatch):
+    """S3 answers a request to the wrong region with the bucket's (301 PermanentRedirect,
+    or 400 AuthorizationHeaderMalformed, with x-amz-bucket-region); botocore followed."""
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    client = S3Client()
+    moved = S3ResponseError(301, "PermanentRedirect", "", region="eu-west-1")
+    assert client._moved("b", client.endpoint, moved)
+    there = client._buckets["b"]
+    assert there.url == "https://s3.eu-west-1.amazonaws.com" and there.region == "eu-west-1"
+    assert not client._moved("b", there, moved)  # already there: a real error
+    assert not client._moved("c", client.endpoint, S3ResponseError(403, "AccessDenied"))
+    custom = S3Client("http://minio:9000")  # an endpoint given is where the bucket is
+    assert not custom._moved("b", custom.endpoint, moved)
 
 
 def test_s3_error_documents_give_code_and_message():
