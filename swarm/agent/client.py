@@ -150,7 +150,9 @@ def fork_daemon(home: Path, args: list[str]) -> int:
     A fork, not a new interpreter: this process already holds Python, click and the
     CLI's modules, which a fresh ``python -m swarm daemon`` loaded again (0.06-0.07 CPU-s
     of a node's start; six nodes starting at once share two cores in the s3-fast bench,
-    so each one's first byte waits for all of them). Nothing here runs a thread yet."""
+    so each one's first byte waits for all of them). A fork carries only the calling
+    thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
+    loops, libtorrent's session); tests/integration/test_s3http.py holds it to that."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()

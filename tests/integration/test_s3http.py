@@ -136,3 +136,20 @@ def test_a_node_never_imports_botocore(tmp_path: Path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_swarm_fetch_runs_no_native_threads_before_it_forks_the_daemon():
+    """`swarm fetch` forks its node's daemon (swarm.agent.client.fork_daemon): a fork
+    carries only the calling thread, so nothing that starts threads of its own (awscrt's
+    event loops, libtorrent's session) may be loaded in the CLI before it."""
+    code = (
+        "import sys, threading\n"
+        "import swarm.cli, swarm.cli.fetch, swarm.agent.client, swarm.agent.store\n"
+        "import swarm.fleetauth, swarm.messages, swarm.progress\n"
+        "loaded = sorted(m for m in ('awscrt', 'libtorrent', 'swarm.s3http') if m in sys.modules)\n"
+        "print(loaded, threading.active_count())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[] 1"
