@@ -3,10 +3,10 @@ behind the fault proxy."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import boto3
 import pytest
@@ -124,32 +124,30 @@ def test_no_credentials_anywhere_is_reported_as_such(env, tmp_path, bucket, stor
         raise_for(NoCredentialsError("none"), S3Url(bucket, stored))
 
 
-def test_a_node_never_imports_botocore(tmp_path: Path):
-    """The daemon's and the --no-daemon fetch's modules leave botocore (0.25 CPU-s at a
-    node's start, its import and client) to publish and the seeders."""
+def _loaded_after(imports: str, watched: tuple[str, ...]) -> tuple[list[str], int]:
+    """Which of ``watched`` a fresh interpreter holds after ``import IMPORTS``, and how
+    many threads it runs."""
     code = (
-        "import sys\n"
-        "import swarm.agent.serve, swarm.agent.fetch, swarm.cli.fetch\n"
-        "print(sorted(m for m in ('botocore', 'boto3', 'urllib3') if m in sys.modules))\n"
+        f"import sys, threading\nimport {imports}\n"
+        f"print(sorted(m for m in {watched!r} if m in sys.modules), threading.active_count())"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert done.stdout.strip() == "[]"
+    loaded, threads = done.stdout.strip().rsplit(" ", 1)
+    return ast.literal_eval(loaded), int(threads)
+
+
+def test_a_node_never_imports_botocore():
+    """The daemon's and the --no-daemon fetch's modules leave botocore (0.25 CPU-s at a
+    node's start, its import and client) to publish and the seeders."""
+    node = "swarm.agent.serve, swarm.agent.fetch, swarm.cli.fetch"
+    assert _loaded_after(node, ("botocore", "boto3", "urllib3"))[0] == []
 
 
 def test_swarm_fetch_runs_no_native_threads_before_it_forks_the_daemon():
     """`swarm fetch` forks its node's daemon (swarm.agent.client.fork_daemon): a fork
     carries only the calling thread, so nothing that starts threads of its own (awscrt's
     event loops, libtorrent's session) may be loaded in the CLI before it."""
-    code = (
-        "import sys, threading\n"
-        "import swarm.cli, swarm.cli.fetch, swarm.agent.client, swarm.agent.store\n"
-        "import swarm.fleetauth, swarm.messages, swarm.progress\n"
-        "loaded = sorted(m for m in ('awscrt', 'libtorrent', 'swarm.s3http') if m in sys.modules)\n"
-        "print(loaded, threading.active_count())\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.strip() == "[] 1"
+    cli = "swarm.cli, swarm.cli.fetch, swarm.agent.client, swarm.agent.store, swarm.progress"
+    assert _loaded_after(cli, ("awscrt", "libtorrent", "swarm.s3http")) == ([], 1)
