@@ -5,7 +5,8 @@ A node reads three things from S3: a catalog entry, a manifest, and ranges of th
 object. botocore cost a fresh daemon 0.25 CPU-s to import and to build its client (it
 loads S3's model, endpoint rules and partitions from JSON): half of a node's fixed start,
 and in the s3-fast bench six nodes start at once on two cores, so every node's first
-byte waited for all six. awscrt is C: importing it costs 0.05 CPU-s, and it resolves
+byte waited for all six. awscrt is C: importing it costs 0.11 CPU-s (over half of it
+AWS-LC's jitter-entropy seeding of its random generator), and it resolves
 credentials with the SDKs' default chain (environment, profile files, web identity, ECS
 container, EC2 instance role over IMDSv2). Publishing and the seeders' catalog listing
 keep boto3/botocore (multipart uploads, paginators): nothing there starts per node.
@@ -26,12 +27,11 @@ import http.client
 import os
 import random
 import re
-import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
@@ -115,6 +115,13 @@ class NoCredentialsError(S3Error):
     """The credential chain found nothing to sign with."""
 
 
+def backoff_delay(attempt: int, rng: random.Random) -> float:
+    """Full-jitter exponential backoff (AWS Architecture Blog, 'Exponential Backoff And
+    Jitter'): uniform in [0, min(cap, base * 2**attempt)]. The client's tries and the S3
+    source's range retries both wait so."""
+    return rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+
+
 def error_for(status: int | None, code: str, message: str, url: S3Url, action: str) -> SwarmError:
     """The :class:`SwarmError` for S3's answer about ``url``, with a message that names
     the fix (shared with :func:`swarm.objectstore.raise_for`, botocore's side)."""
@@ -148,7 +155,7 @@ def unreachable(url: S3Url, error: BaseException) -> SwarmError:
     )
 
 
-def raise_for(error: Exception, url: S3Url, action: str = "read") -> Any:
+def raise_for(error: Exception, url: S3Url, action: str = "read") -> NoReturn:
     """Translate an error of this module about ``url`` into a :class:`SwarmError`."""
     if isinstance(error, S3ResponseError):
         raise error_for(error.status, error.code, error.message, url, action) from error
@@ -264,11 +271,6 @@ class Body:
             raise http.client.IncompleteRead(b"", self.response.length)
         return data
 
-    @property
-    def socket(self) -> socket.socket | None:
-        sock = getattr(getattr(self.response.fp, "raw", None), "_sock", None)
-        return sock if isinstance(sock, socket.socket) else None
-
     def close(self) -> None:
         release, self._release = self._release, None
         if release is not None:
@@ -294,10 +296,27 @@ class _Endpoint:
         self.base_path = parts.path.rstrip("/")
         self.proxy = _proxy_for(self.scheme, self.host)
         self.max_connections = max_connections
-        self.signing: Any = None
+        self._signing: Any = None
         self._tls: Any = None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+
+    def signing(self) -> Any:
+        """awscrt's SigV4 configuration for this endpoint's region (made once)."""
+        if self._signing is None:
+            import awscrt.auth
+
+            self._signing = awscrt.auth.AwsSigningConfig(
+                credentials_provider=_credentials(),
+                region=self.region,
+                service="s3",
+                # S3 signs the path as sent (no double encoding, no normalising).
+                use_double_uri_encode=False,
+                should_normalize_uri_path=False,
+                signed_body_value=awscrt.auth.AwsSignedBodyValue.EMPTY_SHA256,
+                signed_body_header_type=awscrt.auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
+            )
+        return self._signing
 
     def connect(self) -> http.client.HTTPConnection:
         host, port = self.host, self.port
@@ -358,16 +377,15 @@ class S3Client:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         region = region_name()
-        url = endpoint_for(endpoint_url, region)
-        self.follows_regions = url == endpoint_for(None, region) and not (
-            os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+        self.follows_regions = not (
+            endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
         )
-        """The endpoint is AWS's own for the region (not one given): a bucket elsewhere
-        is read from its region's endpoint."""
+        """No endpoint was given (AWS's own for the region): a bucket elsewhere is read
+        from its region's endpoint."""
         self.max_connections = max_connections
-        self.endpoint = _Endpoint(url, region, max_connections)
-        self.endpoint_url = url
-        self.region = region
+        self.endpoint = _Endpoint(endpoint_for(endpoint_url, region), region, max_connections)
         self.max_attempts = max_attempts
         self.rng = rng or random.Random()
         self._buckets: dict[str, _Endpoint] = {}
@@ -397,7 +415,12 @@ class S3Client:
             else:
                 body = Body(response, functools.partial(endpoint.release, conn))
                 return {"Body": body, "ContentLength": response.length}
-            time.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)))
+            time.sleep(backoff_delay(attempt, self.rng))
+
+    @property
+    def endpoint_url(self) -> str:
+        """The configured endpoint (a bucket followed to another region aside)."""
+        return self.endpoint.url
 
     def close(self) -> None:
         for endpoint in {self.endpoint, *self._buckets.values()}:
@@ -422,22 +445,11 @@ class S3Client:
         import awscrt.exceptions
         import awscrt.http
 
-        if endpoint.signing is None:
-            endpoint.signing = awscrt.auth.AwsSigningConfig(
-                credentials_provider=_credentials(),
-                region=endpoint.region,
-                service="s3",
-                # S3 signs the path as sent (no double encoding, no normalising).
-                use_double_uri_encode=False,
-                should_normalize_uri_path=False,
-                signed_body_value=awscrt.auth.AwsSignedBodyValue.EMPTY_SHA256,
-                signed_body_header_type=awscrt.auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
-            )
         request = awscrt.http.HttpRequest(
             method, path, awscrt.http.HttpHeaders([("Host", endpoint.host_header), *headers])
         )
         try:
-            signed = awscrt.auth.aws_sign_request(request, endpoint.signing).result()
+            signed = awscrt.auth.aws_sign_request(request, endpoint.signing()).result()
         except awscrt.exceptions.AwsCrtError as error:
             if "CREDENTIAL" in error.name:
                 raise NoCredentialsError(f"{error.name}: {error.message}") from error

@@ -28,7 +28,14 @@ from typing import Any
 from swarm.errors import IntegrityError, SwarmError
 from swarm.manifest import Manifest
 from swarm.pieces import DEFAULT_RANGE_SIZE, ByteRange, PieceLayout, plan_ranges
-from swarm.s3http import RETRYABLE_STATUS, S3Error, S3ResponseError, S3Url, raise_for
+from swarm.s3http import (
+    RETRYABLE_STATUS,
+    S3Error,
+    S3ResponseError,
+    S3Url,
+    backoff_delay,
+    raise_for,
+)
 from swarm.sources import Cancelled, PieceSink
 
 log = logging.getLogger(__name__)
@@ -52,9 +59,6 @@ source brought it meanwhile: across a WAN one GET reads a 1 MiB piece in seconds
 MAX_RANGE_ATTEMPTS = 6
 """Tries per range (a range that made progress resets to its missing pieces)."""
 
-BACKOFF_BASE = 0.2
-BACKOFF_CAP = 5.0
-
 RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
     http.client.HTTPException,  # e.g. IncompleteRead: the body ended early
     ConnectionError,  # also the client's S3ConnectionError
@@ -62,12 +66,6 @@ RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
     ssl.SSLError,
 )
 """Failures worth another try of the same range; anything else is final."""
-
-
-def backoff_delay(attempt: int, rng: random.Random) -> float:
-    """Full-jitter exponential backoff (AWS Architecture Blog, 'Exponential Backoff And
-    Jitter'): uniform in [0, min(cap, base * 2**attempt)]."""
-    return rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
 
 
 def _http_response(body: Any) -> http.client.HTTPResponse | None:

@@ -8,7 +8,7 @@ import pytest
 from swarm.errors import ManifestError
 from swarm.manifest import Manifest
 from swarm.pieces import MiB, PieceLayout, default_piece_size, plan_ranges
-from swarm.sources.s3 import BACKOFF_CAP, backoff_delay
+from swarm.s3http import BACKOFF_CAP, backoff_delay
 
 
 @pytest.mark.parametrize(
