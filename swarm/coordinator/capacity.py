@@ -349,6 +349,11 @@ class CapacityBook:
             return 0.0
         return art.allocation.direct if now - art.mix_since >= DIRECT_HOLD else 0.0
 
+    def has_seeders(self, info_hash: str) -> bool:
+        """Some reporting node holds the whole artifact."""
+        art = self._artifacts.get(info_hash)
+        return art is not None and bool(art.complete)
+
     def all_taken_back(self, info_hash: str) -> bool:
         """S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
         art = self._artifacts.get(info_hash)

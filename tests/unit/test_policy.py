@@ -283,6 +283,25 @@ def test_fill_once_every_piece_has_left_the_origin_and_s3_has_room():
     assert not _plan(planner2, "a", held=(1 << 32) - 1, now=2.0, s3=MiB, peers=200 * MiB).fill
 
 
+def test_among_seeders_a_node_fills_while_the_origin_idles_before_an_allocation():
+    """Seeders hold the whole artifact: nothing is striped, and the origin idles until
+    the rates can tell (no allocation yet). A new node fills from it meanwhile, one rare
+    piece at a time; without a seeder (the origin-bound start above) it does not."""
+    planner = StripePlanner(stripe_bytes=8 * MiB)
+    full = (1 << 64) - 1
+    _plan(planner, "seed", held=full, complete=True, now=0.0)
+    a = _plan(planner, "a", now=0.0)
+    assert not a.stripe and a.fill
+    assert planner.capacity.last("ab" * 20) is None
+    # a node of a cohort without seeders whose stripes are done does not
+    alone = StripePlanner(stripe_bytes=8 * MiB)
+    _plan(alone, "a", count=16, now=0.0)
+    _plan(alone, "b", count=16, now=0.0)
+    _plan(alone, "a", count=16, held=0xFF, now=1.0, s3=8 * MiB)
+    b = _plan(alone, "b", count=16, held=0xFF00, now=1.0, s3=8 * MiB)
+    assert not b.stripe and not b.fill
+
+
 def test_may_fill():
     assert may_fill(1.0 * MiB, 1.0 * MiB) and not may_fill(3.0 * MiB, 1.0 * MiB)
     assert not may_fill(0.0, None) and not may_fill(0.0, 1.0)  # unknown or noise
