@@ -109,6 +109,11 @@ interval's counters of whole pieces, and stripes that start a little apart overl
 part (s3-fast's origin is exactly six links)."""
 
 
+SPARE_SHARE: Final = 0.5
+"""Under a MIX allocation, nodes with nothing else to read from S3 fill from it while
+its readers of the moment take less than this share of it (:meth:`CapacityBook.origin_spare`)."""
+
+
 DIRECT_HOLD: Final = SNAPSHOT_PERIOD
 """Seconds a direct share must last (two snapshots) before nodes read it: a node reads
 its share at once and for good, and a share that one snapshot's noise brought
@@ -348,6 +353,14 @@ class CapacityBook:
         if art is None or art.allocation is None or art.mix_since is None:
             return 0.0
         return art.allocation.direct if now - art.mix_since >= DIRECT_HOLD else 0.0
+
+    def origin_spare(self, info_hash: str) -> bool:
+        """The nodes' S3 rates over the last :data:`ORIGIN_WINDOW` sum to less than
+        :data:`SPARE_SHARE` of the origin the last snapshot planned on (a finite one)."""
+        art = self._artifacts.get(info_hash)
+        if art is None or art.snapshot is None or math.isinf(art.snapshot.origin):
+            return False
+        return art.window_sum < SPARE_SHARE * art.snapshot.origin
 
     def has_seeders(self, info_hash: str) -> bool:
         """Some reporting node holds the whole artifact."""

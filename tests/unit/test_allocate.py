@@ -13,6 +13,7 @@ from swarm.coordinator.capacity import (
     ORIGIN_WINDOW,
     PEERS_WARMUP,
     SNAPSHOT_PERIOD,
+    SPARE_SHARE,
     CapacityBook,
 )
 from swarm.lab.scenarios import SCENARIOS, scenario
@@ -421,3 +422,33 @@ def test_the_origin_gave_at_least_what_the_cohort_read_since_it_started() -> Non
     assert forgetful is not None and forgetful.mode is Mode.STRIPE
     bound = plan(100, 10.0, down=200)  # the origin-bound cohort: 100 Mbit over 10 s
     assert bound is not None and bound.mode is Mode.STRIPE
+
+
+def test_an_origin_its_readers_leave_half_idle_has_room_for_fills() -> None:
+    """Under MIX a node's direct share is bytes, read at full width and done: the
+    origin then idles while uploads are the bottleneck. The book says so when the
+    nodes' S3 rates of the last second sum to under SPARE_SHARE of the origin the
+    allocation planned on; never for an unlimited origin or before an allocation."""
+    book = CapacityBook()
+    eight = [f"n{i}" for i in range(8)]
+    _report(book, eight, down=300, up=100, peers=90, backlog=64 << 20)
+    assert not book.origin_spare("ih")  # no snapshot yet
+    book.allocation("ih", 50 * MBIT, readers=8, now=0.0)
+    plan = book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.MIX
+    origin = 8 * 50 * MBIT  # what the snapshot planned on: the readers' rates together
+    t = PEERS_WARMUP
+    for i, node in enumerate(eight):  # reading at 90% of it
+        book.note_s3("ih", node, 0.9 * origin / 8, now=t + 0.01 * i)
+    assert not book.origin_spare("ih")
+    t += 1.5  # a second later only two read, slowly: room
+    for i, node in enumerate(eight):
+        book.note_s3("ih", node, 0.1 * origin if i < 2 else 0.0, now=t + 0.01 * i)
+    assert SPARE_SHARE > 0.2 and book.origin_spare("ih")  # the two read 0.2 of it
+    # an origin taken as unlimited (ALL) never has "room": every node reads it at once
+    fast = CapacityBook()
+    six = [f"n{i}" for i in range(6)]
+    _report(fast, six, down=250, up=80, peers=80)
+    fast.allocation("ih", 300 * MBIT, readers=6, now=0.0)
+    fast.allocation("ih", 300 * MBIT, readers=6, now=PEERS_WARMUP)
+    assert not fast.origin_spare("ih")
