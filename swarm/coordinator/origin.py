@@ -270,8 +270,8 @@ class StripePlanner:
             ):
                 # Seeders hold the artifact and nobody reads a stripe or WIDE: the origin
                 # has nothing to give that only it has, and idles until the rates can
-                # tell. A fill then takes nothing from anyone (existing-seeders: 9.0-10.2 s
-                # against 10.5-12.1 in four alternating pairs). Not without seeders: there
+                # tell. A fill then takes nothing from anyone (existing-seeders: 9.0-10.7 s
+                # against 9.6-12.1 in five alternating pairs). Not without seeders: there
                 # the stripes of a small object can end before the allocation, on an
                 # origin that is the bottleneck, and fills would send pieces twice.
                 fill = True
