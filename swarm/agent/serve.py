@@ -21,7 +21,8 @@ from swarm.agent.reporter import report_loop
 from swarm.config import Settings
 from swarm.errors import SwarmError, UsageError
 from swarm.udp import DEFAULT_PORT as UDP_PORT
-from swarm.udp import UdpServer
+from swarm.udp import DEFAULT_RATE_CAP_BPS, UdpServer
+from swarm.udp.rate import MIN_RATE_BPS
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,16 @@ async def serve(
     udp_port: int = UDP_PORT,
     upload_limit: int = 0,
 ) -> None:
-    """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders)."""
+    """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders).
+    ``upload_limit`` (bytes/s, 0 = none) caps BitTorrent's uploads and is the UDP
+    server's send budget, shared among its sessions (else a 1 Gbit/s NIC's worth)."""
+    udp_budget = upload_limit * 8 if upload_limit else DEFAULT_RATE_CAP_BPS
+    if settings.secret and udp_port and udp_budget < MIN_RATE_BPS:
+        raise UsageError(
+            f"swarm: --upload-limit {upload_limit} bytes/s is below the least rate a UDP "
+            f"session sends at ({MIN_RATE_BPS // 8} bytes/s): raise it, or turn UDP off "
+            "with --udp-port 0"
+        )
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
     daemon = Daemon(settings, listen_ip, port, upload_limit)
@@ -135,7 +145,11 @@ async def serve(
     udp_server = None
     if daemon.udp_secret and udp_port:
         udp_server = UdpServer(
-            daemon.udp_secret, HeldArtifacts(daemon), host=listen_ip, port=udp_port
+            daemon.udp_secret,
+            HeldArtifacts(daemon),
+            host=listen_ip,
+            port=udp_port,
+            rate_cap_bps=udp_budget,
         )
         await udp_server.start()
         daemon.udp_port = udp_port

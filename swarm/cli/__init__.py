@@ -136,7 +136,8 @@ def publish(
     "--upload-limit",
     default="0",
     callback=lambda _c, _p, v: parse_size(v),
-    help="Cap BitTorrent uploads, bytes/s (e.g. 50M); applies to LAN peers too. 0 = none.",
+    help="Cap uploads, bytes/s (e.g. 50M): BitTorrent's, LAN peers too, and the UDP "
+    "server's, shared among its sessions. 0 = none.",
 )
 @reports_errors
 def daemon(

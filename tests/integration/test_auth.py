@@ -4,6 +4,8 @@ peers admitted only if the coordinator lists them; no secret in logs or in `ps`.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +19,8 @@ from swarm.errors import SwarmError
 from swarm.fleetauth import fleet_token
 from tests.conftest import SIZE
 from tests.integration.test_swarm import FETCH_TIMEOUT, sha256
-from tests.swarmnet import Swarm, done_event
+from tests.servers import wait_until
+from tests.swarmnet import SWARM, Swarm, done_event
 
 SECRET = "correct horse battery staple"
 
@@ -171,3 +174,35 @@ def test_udp_needs_the_secret(env, tmp_path, artifact):
         process = node.fetch("index.db", tmp_path / "x.db", "--source", "udp://127.0.0.1:7881")
         _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "SWARM_SECRET" in err
+
+
+def test_the_upload_limit_is_the_udp_servers_budget_too(fleet, tmp_path):
+    """`--upload-limit` caps the UDP server's sends as well as BitTorrent's (shared among
+    its sessions); one below the least rate a UDP session sends at is refused with what
+    to do, exit code 2."""
+    node = fleet.node(0)
+    log = node.home / "daemon.out"
+    with log.open("wb") as out:
+        daemon = subprocess.Popen(
+            [SWARM, "-v", "daemon", "--listen", node.ip, "--upload-limit", "10M"],
+            env=node.env,
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_until(lambda: "listening on" in log.read_text(), 30, "the daemon to listen")
+        text = log.read_text()
+        assert re.search(r"udp: serving on \S+ \(cap 84 Mbit/s", text), text
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    low = subprocess.run(
+        [SWARM, "daemon", "--listen", "127.0.0.30", "--upload-limit", "100K"],
+        env={**node.env, "SWARM_HOME": str(tmp_path / "low")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert low.returncode == 2, low.stderr
+    assert "--upload-limit 102400 bytes/s is below" in low.stderr
+    assert "--udp-port 0" in low.stderr
