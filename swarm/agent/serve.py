@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NoReturn
 
 from swarm.agent.api import ApiServer
 from swarm.agent.client import sock_path
@@ -91,22 +92,27 @@ async def serve(
     """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders).
     ``upload_limit`` (bytes/s, 0 = none) caps BitTorrent's uploads and is the UDP
     server's send budget, shared among its sessions (else a 1 Gbit/s NIC's worth)."""
-    udp_budget = upload_limit * 8 if upload_limit else DEFAULT_RATE_CAP_BPS
-    if settings.secret and udp_port and udp_budget < MIN_RATE_BPS:
-        raise UsageError(
-            f"swarm: --upload-limit {upload_limit} bytes/s is below the least rate a UDP "
-            f"session sends at ({MIN_RATE_BPS // 8} bytes/s): raise it, or turn UDP off "
-            "with --udp-port 0"
-        )
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
     daemon = Daemon(settings, listen_ip, port, upload_limit)
-    if port and not await wait_listening(daemon, port):
+
+    def refuse(message: str) -> NoReturn:
         daemon.close()
         os.close(lock)
-        raise UsageError(
+        raise UsageError(message)
+
+    if port and not await wait_listening(daemon, port):
+        refuse(
             f"swarm: cannot listen on {listen_ip}:{port} (in use by another daemon or "
             "BitTorrent client?): stop it, or give this node another --listen IP or --port"
+        )
+    udp_key = daemon.udp_secret if udp_port else None  # None: this daemon serves no UDP
+    udp_budget = upload_limit * 8 if upload_limit else DEFAULT_RATE_CAP_BPS
+    if udp_key is not None and udp_budget < MIN_RATE_BPS:
+        refuse(
+            f"swarm: --upload-limit {upload_limit} bytes/s is below the least rate a UDP "
+            f"session sends at ({MIN_RATE_BPS // 8} bytes/s): raise it, or turn UDP off "
+            "with --udp-port 0"
         )
     # The marker exists only between a clean close and the next start: its absence means
     # the last daemon died (kill -9, power loss) and its resume data may lie.
@@ -143,9 +149,9 @@ async def serve(
         daemon.asg_groups.add(peers_from_asg)
         start_asg(peers_from_asg)
     udp_server = None
-    if daemon.udp_secret and udp_port:
+    if udp_key is not None:
         udp_server = UdpServer(
-            daemon.udp_secret,
+            udp_key,
             HeldArtifacts(daemon),
             host=listen_ip,
             port=udp_port,

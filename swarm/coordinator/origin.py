@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from swarm.coordinator.allocate import Allocation
 from swarm.coordinator.allocate import Mode as AllocationMode
 from swarm.coordinator.capacity import CapacityBook
 from swarm.coordinator.planstate import Commit, MemoryPlanState, PlanState
@@ -262,32 +263,34 @@ class StripePlanner:
                 # tell, a fill takes the stripes' bandwidth for a piece peers already
                 # hold (CI's origin-bound fleet: 0.3 F of the origin's bytes went so)
                 fill = False
-            if (
-                allocation is None
-                and not done.stripe
-                and not set(s3) - {node}
-                and self.capacity.has_seeders(info_hash)
-            ):
-                # Seeders hold the artifact and nobody reads a stripe or WIDE: the origin
-                # has nothing to give that only it has, and idles until the rates can
-                # tell. A fill then takes nothing from anyone (existing-seeders: 9.0-10.7 s
-                # against 9.6-12.1 in five alternating pairs). Not without seeders: there
-                # the stripes of a small object can end before the allocation, on an
-                # origin that is the bottleneck, and fills would send pieces twice.
-                fill = True
-            if (
-                allocation is not None
-                and allocation.mode is AllocationMode.MIX
-                and not done.stripe
-                and self.capacity.origin_spare(info_hash)
-            ):
-                # The allocation found S3 capacity beyond the stripes, and the nodes' S3
-                # rates of the moment use under half of it: their direct shares are
-                # read (a share is bytes, read at full width, not a rate), and the
-                # origin idled while the uploads were the bottleneck (the mixed fleet:
-                # 0 MB/s for 0.8 s, under 35 of 50 for 2 s more).
+            if not done.stripe and self._origin_idles(info_hash, node, allocation, s3):
                 fill = True
         return OriginPlan(done.stripe, mode, estimate, fill, rates, direct)
+
+    def _origin_idles(
+        self,
+        info_hash: str,
+        node: str,
+        allocation: Allocation | None,
+        readers: Iterable[str],
+    ) -> bool:
+        """Whether the origin idles for want of readers, so that a node with no stripe
+        left fills from it (one rare piece a GET), whatever :func:`may_fill` says:
+
+        - before an allocation, seeders hold the artifact and no other node reads a
+          stripe or WIDE (``readers``): the origin has nothing to give that only it has.
+          Existing seeders: 9.0-10.7 s against 9.6-12.1 in five alternating pairs. Not
+          without seeders: there the stripes of a small object can end before the
+          allocation, on an origin that is the bottleneck, and fills would send pieces
+          twice;
+        - under MIX, the nodes' S3 rates of the moment use under half the origin the
+          allocation planned on (:meth:`CapacityBook.origin_spare`): a direct share is
+          bytes, read at full width and done, and the mixed fleet's origin then sent
+          0 MB/s for 0.8 s and under 35 of 50 for 2 s more while the uploads were the
+          bottleneck."""
+        if allocation is None:
+            return self.capacity.has_seeders(info_hash) and all(n == node for n in readers)
+        return allocation.mode is AllocationMode.MIX and self.capacity.origin_spare(info_hash)
 
     def prune(self, alive: set[str]) -> None:
         """Forget nodes that stopped reporting: their stripes go back to the pool."""

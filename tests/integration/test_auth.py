@@ -206,3 +206,18 @@ def test_the_upload_limit_is_the_udp_servers_budget_too(fleet, tmp_path):
     assert low.returncode == 2, low.stderr
     assert "--upload-limit 102400 bytes/s is below" in low.stderr
     assert "--udp-port 0" in low.stderr
+    # the same limit where UDP is off (a secret too short for it) caps BitTorrent alone
+    quiet = tmp_path / "quiet.out"
+    with quiet.open("wb") as out:
+        daemon = subprocess.Popen(
+            [SWARM, "-v", "daemon", "--listen", "127.0.0.31", "--upload-limit", "100K"],
+            env={**node.env, "SWARM_HOME": str(tmp_path / "quiet"), "SWARM_SECRET": "short"},
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_until(lambda: "listening on" in quiet.read_text(), 30, "the daemon to listen")
+        assert "UDP stays off" in quiet.read_text()
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
