@@ -126,6 +126,7 @@ def decide(
     s3_estimate: float | None,
     backlog: int,
     now: float,
+    hold: float = HOLD_SECONDS,
 ) -> MixState:
     """Next mode from the node's swarm rate and what S3 would give it (both bytes/s).
 
@@ -134,7 +135,8 @@ def decide(
     mode. ``backlog``: bytes that peers hold and this node misses. Widen when
     ``peers_rate < WIDEN_RATIO * s3_estimate`` and ``backlog >= s3_estimate *
     HOLD_SECONDS``; narrow when ``peers_rate > NARROW_RATIO * s3_estimate`` or the backlog
-    is gone. A switch happens only after its condition held for ``HOLD_SECONDS``.
+    is gone. A switch happens only after its condition held for ``hold`` seconds
+    (:data:`HOLD_SECONDS`; 0: at once).
 
     Known limit: in WIDE mode S3 takes pieces the swarm would have sent, so the swarm
     rate falls and WIDE tends to stay; that errs on the side of finishing sooner.
@@ -150,8 +152,10 @@ def decide(
         wanted = Mode.STRIPE if fast or backlog == 0 else Mode.WIDE
     if wanted is state.mode:
         return MixState(state.mode)
+    if hold <= 0:
+        return MixState(wanted)
     if state.pending_since is None:
         return MixState(state.mode, now)
-    if now - state.pending_since >= HOLD_SECONDS:
+    if now - state.pending_since >= hold:
         return MixState(wanted)
     return state

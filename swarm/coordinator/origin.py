@@ -36,7 +36,7 @@ from swarm.coordinator.allocate import Mode as AllocationMode
 from swarm.coordinator.capacity import CapacityBook
 from swarm.coordinator.planstate import Commit, MemoryPlanState, PlanState
 from swarm.coordinator.rates import STARVED_SHARE, NodeRates, update_rates
-from swarm.policy import MixState, Mode, decide, may_fill, s3_capacity
+from swarm.policy import HOLD_SECONDS, MixState, Mode, decide, may_fill, s3_capacity
 
 STRIPE_BYTES: Final = 8 << 20
 """Origin work outstanding per node before its rate is known: two 4 MiB GETs. Small, so
@@ -55,6 +55,14 @@ retries for longer than this only when S3 is failing anyway)."""
 STALL_INTERVALS: Final = 2.0
 """...or for this many report intervals, if longer: at a 5 s interval the coordinator
 sees a stripe's progress only every 5 s, and a working reader must not lose it."""
+
+EAGER_WIDE_SECONDS: Final = 4.0
+"""A node with no stripe before the fleet's first allocation widens at once (no
+:data:`~swarm.policy.HOLD_SECONDS`) when it lacks at least this many seconds of S3's
+per-reader rate: waiting a hold to see what peers give it then costs the idle origin
+more than the pieces it may read twice. A small object is left to the hold (CI's
+origin-bound fleet: 16 MiB, each node lacking 8 MiB, 1.3 s of S3's rate, which peers
+then relayed at link speed)."""
 
 DEFAULT_MAX_READERS: Final = 16
 """Nodes reading the origin at once. 16 x 2 ranges in flight stays far below S3's
@@ -210,9 +218,16 @@ class StripePlanner:
         # the origin is the bottleneck the stripes last until the allocation is there
         # and governs (below).
         work = backlog
+        hold = HOLD_SECONDS
         if node not in s3 and self.capacity.last(info_hash) is None:
             work = max(backlog, (count - held.bit_count()) * piece_size)
-        state = decide(view.mode or MixState(), delivered, estimate, work, now)
+            if estimate and work >= estimate * EAGER_WIDE_SECONDS:
+                # Much of the object left, and the origin has nothing only it has: the
+                # hold (one to two reports) left slow-uploads' origin idle 1.5-2.7 s
+                # between its stripes and its first allocation, every node waiting on
+                # peers that gave it 2.5 MB/s against S3's 17-30.
+                hold = 0.0
+        state = decide(view.mode or MixState(), delivered, estimate, work, now, hold)
         starved = stalled or 0.0 <= rates.received_now < STARVED_SHARE * rates.down_peak
         if state.mode is Mode.WIDE and not starved and self.capacity.last(info_hash) is not None:
             # Once the fleet has an allocation, its direct share is what S3 gives a node

@@ -228,6 +228,25 @@ def test_a_node_done_with_its_stripe_before_an_allocation_reads_on():
         assert a.stripe and a.mode is Mode.STRIPE, t
 
 
+def test_a_node_lacking_much_widens_at_its_stripes_end_before_an_allocation():
+    """slow-uploads (8 nodes, 20 Mbit uplinks): the stripes spread a 128 MiB object in a
+    second, and the nodes sat 1.5-2.7 s on an idle origin, peers giving each 2.5 MB/s
+    against S3's 17, until a hold had passed. A node that lacks many seconds of S3's
+    rate widens at its first report without a stripe; one on a small object still
+    waits the hold (the test above)."""
+    planner = StripePlanner(stripe_bytes=16 * MiB)
+    nodes = "abcdefgh"
+    for node in nodes:
+        assert _plan(planner, node, count=128, now=0.0).stripe  # 8 stripes cover it
+    for i, node in enumerate(nodes):  # each read its 16 MiB at 16 MiB/s; peers trickle
+        held = ((1 << 16) - 1) << 16 * i
+        plan = _plan(planner, node, count=128, held=held, now=1.0, s3=16 * MiB, peers=MiB)
+        assert not plan.stripe
+    assert planner.capacity.last("ab" * 20) is None
+    a = _plan(planner, "a", count=128, held=(1 << 17) - 1, now=1.2, s3=16 * MiB, peers=2 * MiB)
+    assert a.mode is Mode.WIDE
+
+
 def test_a_swarm_that_stops_sending_widens_the_node_at_once():
     """The s3-fast fleet: a node got 21 MiB from peers in its first half second, then
     nothing for three seconds while its stripe was done and peers held what it lacked.
