@@ -56,12 +56,12 @@ STALL_INTERVALS: Final = 2.0
 """...or for this many report intervals, if longer: at a 5 s interval the coordinator
 sees a stripe's progress only every 5 s, and a working reader must not lose it."""
 
-EAGER_WIDE_SECONDS: Final = 4.0
+EAGER_WIDE_SECONDS: Final = 2.0
 """A node with no stripe before the fleet's first allocation widens at once (no
 :data:`~swarm.policy.HOLD_SECONDS`) when it lacks at least this many seconds of S3's
 per-reader rate: waiting a hold to see what peers give it then costs the idle origin
 more than the pieces it may read twice. A small object is left to the hold (CI's
-origin-bound fleet: 16 MiB, each node lacking 8 MiB, 1.3 s of S3's rate, which peers
+origin-bound fleet: 16 MiB, each node lacking 8 MiB, 1-1.3 s of S3's rate, which peers
 then relayed at link speed)."""
 
 DEFAULT_MAX_READERS: Final = 16
@@ -218,15 +218,19 @@ class StripePlanner:
         # the origin is the bottleneck the stripes last until the allocation is there
         # and governs (below).
         work = backlog
-        hold = HOLD_SECONDS
+        lacking = max(backlog, (count - held.bit_count()) * piece_size)
+        # Much of the object left before an allocation, while the origin has nothing
+        # only it has: the hold (one to two reports) left slow-uploads' origin idle
+        # 1.5-2.7 s between its stripes and its first allocation, every node waiting on
+        # peers that gave it 2.5 MB/s against S3's 17-30.
+        eager = (
+            self.capacity.last(info_hash) is None
+            and estimate is not None
+            and lacking >= estimate * EAGER_WIDE_SECONDS
+        )
         if node not in s3 and self.capacity.last(info_hash) is None:
-            work = max(backlog, (count - held.bit_count()) * piece_size)
-            if estimate and work >= estimate * EAGER_WIDE_SECONDS:
-                # Much of the object left, and the origin has nothing only it has: the
-                # hold (one to two reports) left slow-uploads' origin idle 1.5-2.7 s
-                # between its stripes and its first allocation, every node waiting on
-                # peers that gave it 2.5 MB/s against S3's 17-30.
-                hold = 0.0
+            work = lacking
+        hold = 0.0 if eager and node not in s3 else HOLD_SECONDS
         state = decide(view.mode or MixState(), delivered, estimate, work, now, hold)
         starved = stalled or 0.0 <= rates.received_now < STARVED_SHARE * rates.down_peak
         if state.mode is Mode.WIDE and not starved and self.capacity.last(info_hash) is not None:
@@ -258,6 +262,10 @@ class StripePlanner:
         )
         fill = may_fill(peers, estimate) and done.spread
         mode, direct = state.mode, 0.0
+        if eager and node in s3 and not done.stripe and mode is Mode.STRIPE:
+            # its stripe ended with this report (it read the origin until now): it widens
+            # now, as it would at its next report, a second later
+            mode = decide(state, delivered, estimate, lacking, now, 0.0).mode
         if self.origin_rate == math.inf:
             # the operator says S3 feeds every node at link speed: nothing to measure
             mode = Mode.ALL
