@@ -217,23 +217,20 @@ class StripePlanner:
         # one or two while peers connected and nobody had a backlog for them. Where
         # the origin is the bottleneck the stripes last until the allocation is there
         # and governs (below).
-        work = backlog
+        before_allocation = self.capacity.last(info_hash) is None
         lacking = max(backlog, (count - held.bit_count()) * piece_size)
+        work = lacking if node not in s3 and before_allocation else backlog
         # Much of the object left before an allocation, while the origin has nothing
         # only it has: the hold (one to two reports) left slow-uploads' origin idle
         # 1.5-2.7 s between its stripes and its first allocation, every node waiting on
         # peers that gave it 2.5 MB/s against S3's 17-30.
         eager = (
-            self.capacity.last(info_hash) is None
-            and estimate is not None
-            and lacking >= estimate * EAGER_WIDE_SECONDS
+            before_allocation and estimate is not None and lacking >= estimate * EAGER_WIDE_SECONDS
         )
-        if node not in s3 and self.capacity.last(info_hash) is None:
-            work = lacking
         hold = 0.0 if eager and node not in s3 else HOLD_SECONDS
         state = decide(view.mode or MixState(), delivered, estimate, work, now, hold)
         starved = stalled or 0.0 <= rates.received_now < STARVED_SHARE * rates.down_peak
-        if state.mode is Mode.WIDE and not starved and self.capacity.last(info_hash) is not None:
+        if state.mode is Mode.WIDE and not starved and not before_allocation:
             # Once the fleet has an allocation, its direct share is what S3 gives a node
             # besides its stripe: WIDE reads from every node at once take the shared
             # origin from the stripes and from each other (the mixed fleet widened one
