@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NoReturn
 
+from swarm.agent import memory
 from swarm.agent.api import ApiServer
 from swarm.agent.client import sock_path
 from swarm.agent.daemon import Daemon
@@ -92,6 +93,7 @@ async def serve(
     """Run the daemon until SIGTERM or SIGINT; ``on_ready`` runs once it serves (seeders).
     ``upload_limit`` (bytes/s, 0 = none) caps BitTorrent's uploads and is the UDP
     server's send budget, shared among its sessions (else a 1 Gbit/s NIC's worth)."""
+    memory.keep_piece_buffers()
     settings.home.mkdir(parents=True, exist_ok=True)
     lock = hold_lock(settings.home)
     daemon = Daemon(settings, listen_ip, port, upload_limit)
