@@ -368,7 +368,7 @@ class _Lane:
         if st is not None:
             log.info(
                 "udp session: %.2fs, asked %.0f Mbit/s, sender %.0f Mbit/s, srtt %s, "
-                "min rtt %s, naks %d, dup %d, block %d",
+                "min rtt %s, naks %d, dup %d, skipped %d, block %d",
                 st.seconds, self.rate_bps / 1e6, st.sender_rate_bps / 1e6, st.srtt,
-                st.min_rtt, st.naks, st.duplicates, st.block_size,
+                st.min_rtt, st.naks, st.duplicates, st.skipped, st.block_size,
             )  # fmt: skip

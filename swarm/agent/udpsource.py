@@ -33,7 +33,8 @@ def pull_pieces(
 ) -> FetchStats:
     """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink (or
     through ``offer``, which hands them to the sink itself), asking the sender for at
-    most ``rate_bps``."""
+    most ``rate_bps``. Pieces the sink gets from another source meanwhile (peers, S3)
+    are skipped: the sender stops sending them."""
     manifest, sink = artifact.manifest, artifact.sink
     return fetch_pieces_sync(
         host,
@@ -46,6 +47,7 @@ def pull_pieces(
         piece_count=manifest.layout.count,
         cancel=cancel,
         rate_bps=rate_bps,
+        held=sink.have,
     )
 
 

@@ -27,6 +27,8 @@ class PieceAssembly:
         self.views: dict[int, memoryview] = {}
         self.attempts = [0] * len(plan.pieces)
         self.settled = 0
+        self.finished: set[int] = set()
+        """Positions settled: kept, given up, or skipped."""
         self.checking: set[int] = set()
         self.pos = {piece: pos for pos, piece in enumerate(plan.pieces)}
         self._pool: list[bytearray] = []
@@ -74,9 +76,27 @@ class PieceAssembly:
         self.attempts[pos] += 1
         if ok or self.attempts[pos] >= MAX_PIECE_ATTEMPTS:
             self.settled += 1
+            self.finished.add(pos)
             return None
         ordinals = self.plan.ordinals(pos)
         self.remaining[pos] = len(ordinals)
         for ordinal in ordinals:
             self.have[ordinal] = 0
         return ordinals
+
+    def skip(self, pos: int) -> bool:
+        """The piece at ``pos`` is wanted no more (another source brought it): its blocks
+        count as present (a late one is a duplicate, none is NAKed) and its buffer goes
+        back to the pool. False if it is settled already or whole (awaiting its check)."""
+        if pos in self.finished or pos in self.checking:
+            return False
+        for ordinal in self.plan.ordinals(pos):
+            self.have[ordinal] = 1
+        self.remaining[pos] = 0
+        view = self.views.pop(pos, None)
+        if view is not None:
+            view.release()
+            self.recycle(self.buffers.pop(pos))
+        self.finished.add(pos)
+        self.settled += 1
+        return True

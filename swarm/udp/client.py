@@ -86,6 +86,8 @@ class FetchStats:
     """Whether receives were batched by UDP GRO."""
     receives: int = 0
     """Receive calls that returned data (datagrams / receives: the GRO batch size)."""
+    skipped: int = 0
+    """Pieces another source brought first, which the server was told to skip."""
 
     @property
     def goodput_bps(self) -> float:
@@ -101,8 +103,10 @@ class _Fetch:
         stall_timeout: float,
         gro: bool = True,
         progress: Callable[[p.ReceiverStats], None] | None = None,
+        held: Callable[[int], bool] | None = None,
     ) -> None:
         self.session = session
+        self.held = held
         self.gro = gro
         self.progress = progress
         self.on_piece = on_piece
@@ -216,6 +220,9 @@ class _Fetch:
                     caught_up = True
                     break
             now = loop.time()
+            if self.held is not None:
+                held = self.held
+                session.skip([i for i in session.outstanding_pieces() if held(i)])
             reports = session.stats.reports
             for datagram in session.handle_timer(now, caught_up):
                 if self.data is not None:
@@ -260,6 +267,7 @@ async def fetch_pieces(
     cancel: threading.Event | None = None,
     gro: bool = True,
     progress: Callable[[p.ReceiverStats], None] | None = None,
+    held: Callable[[int], bool] | None = None,
 ) -> FetchStats:
     """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
 
@@ -273,7 +281,10 @@ async def fetch_pieces(
     kept so far stay kept). ``gro=False`` receives datagrams one by one (as on a kernel
     without UDP GRO). ``progress(stats)`` runs in the event loop after each REPORT (every
     50 ms while data flows): ``stats.bytes`` counts payload received so far, duplicates
-    included (a rate for ``bytes_by_source``); it must return quickly.
+    included (a rate for ``bytes_by_source``); it must return quickly. ``held(index)``,
+    asked for the pieces still on their way at every tick of the event loop (every 50 ms
+    while data flows; it must return quickly), says a piece arrived from another source:
+    the server is told to send no more of it (SKIP), and it counts in ``skipped``.
 
     Raises:
         UdpAuthError: the server does not share our fleet secret.
@@ -290,7 +301,7 @@ async def fetch_pieces(
         piece_size,
         piece_count,
     )
-    fetch = _Fetch(session, on_piece, stall_timeout, gro, progress)
+    fetch = _Fetch(session, on_piece, stall_timeout, gro, progress, held)
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):
@@ -328,6 +339,7 @@ async def fetch_pieces(
         min_rtt=stats.min_rtt,
         gro=data is not None and data.gro,
         receives=stats.batches,
+        skipped=stats.skipped,
     )
 
 

@@ -90,6 +90,14 @@ class LossTracker:
             if ordinal < self.scan:
                 self.outstanding[ordinal] = 0.0
 
+    def skipped(self, ordinals: Iterable[int]) -> None:
+        """``ordinals`` (a skipped piece's) are NAKed no more."""
+        for ordinal in ordinals:
+            if self.outstanding.pop(ordinal, None) is not None:
+                self.nak_at.pop(ordinal, None)
+                self.nak_id.pop(ordinal, None)
+                self.nak_first.pop(ordinal, None)
+
     def sender_pass_done(self, now: float, served: int) -> None:
         """The sender's PROGRESS says its first pass is over, and every NAK up to the
         report stamped ``served`` was served."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import hmac
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from swarm.udp.assembly import PieceAssembly
@@ -56,6 +56,7 @@ from swarm.udp.wire import (
     LocalProtocolError,
     Msg,
     RemoteProtocolError,
+    pack_u32s,
 )
 
 REPORT_INTERVAL = 0.05
@@ -89,6 +90,8 @@ class ReceiverStats:
     min_rtt: float | None = None
     """The least round trip seen: the path's own, without the queues a blast builds."""
     batches: int = 0
+    skipped: int = 0
+    """Pieces skipped (another source brought them first): see :meth:`ClientSession.skip`."""
 
 
 class ClientSession:
@@ -450,6 +453,39 @@ class ClientSession:
                 self._loss.missing_again(again)
         if assembly.all_settled and self.state is not ClientState.DONE:
             self._finish()
+
+    def outstanding_pieces(self) -> list[int]:
+        """Accepted pieces not yet whole nor settled: what :meth:`skip` may drop."""
+        assembly = self._assembly
+        if assembly is None or self.plan is None:
+            return []
+        busy = assembly.finished | assembly.checking
+        return [piece for pos, piece in enumerate(self.plan.pieces) if pos not in busy]
+
+    def skip(self, pieces: Iterable[int]) -> list[int]:
+        """Pieces another source brought while this session ran: the server is told
+        (SKIP) to send none of their blocks any more, and none are NAKed. Pieces not
+        accepted, whole or settled are left alone; returns those skipped. The transfer
+        ends once every piece is settled or skipped."""
+        assembly, plan = self._assembly, self.plan
+        if (
+            assembly is None
+            or plan is None
+            or self.state not in (ClientState.PROBING, ClientState.RECEIVING)
+        ):
+            return []
+        skipped = []
+        for piece in pieces:
+            pos = assembly.pos.get(piece)
+            if pos is not None and assembly.skip(pos):
+                self._loss.skipped(plan.ordinals(pos))
+                skipped.append(piece)
+        if skipped:
+            self.stats.skipped += len(skipped)
+            self._side.send_sealed(Msg.SKIP, pack_u32s([len(skipped), *skipped]))
+            if assembly.all_settled:
+                self._finish()
+        return skipped
 
     def cancel(self) -> None:
         """Stop the transfer (deadline, shutdown): tells the server DONE."""

@@ -33,20 +33,57 @@ class SendSchedule:
         self.loading: set[int] = set()
         self.prefetch = prefetch_pieces
         self.cache = max(cache_pieces, prefetch_pieces + 2)
+        self.skipped: set[int] = set()
+        """Positions (in the plan's pieces) the receiver asked us to drop (SKIP)."""
 
     @property
     def done(self) -> bool:
         """Every block was sent once and every NAK received so far was served."""
-        return self.next_ordinal >= self.plan.total and not self.retx
+        return self.first_pass_ordinal() >= self.plan.total and not self.retx
 
     def nak(self, ordinal: int) -> None:
-        """Queue ``ordinal`` (in range) for retransmission, unless it already waits."""
+        """Queue ``ordinal`` (in range) for retransmission, unless it already waits or its
+        piece was skipped (a REPORT sent before the SKIP)."""
         if ordinal not in self.retx_set:
             plan = self.plan
+            pos = plan.locate(ordinal)[0]
+            if pos in self.skipped:
+                return
             self.retx_set.add(ordinal)
             self.retx.append(ordinal)
-            piece = plan.pieces[plan.locate(ordinal)[0]]
+            piece = plan.pieces[pos]
             self.retx_pieces[piece] = self.retx_pieces.get(piece, 0) + 1
+
+    def skip(self, positions: set[int]) -> None:
+        """Send nothing more of the pieces at ``positions``: their queued retransmissions
+        are dropped, the first pass will jump them (:meth:`first_pass_ordinal`) and they
+        leave the cache."""
+        plan = self.plan
+        new = positions - self.skipped
+        if not new:
+            return
+        self.skipped |= new
+        dropped = {plan.pieces[pos] for pos in new}
+        if dropped & self.retx_pieces.keys():
+            kept = [o for o in self.retx if plan.locate(o)[0] not in new]
+            self.retx = deque(kept)
+            self.retx_set = set(kept)
+            for piece in dropped:
+                self.retx_pieces.pop(piece, None)
+        for piece in dropped:
+            self.loaded.pop(piece, None)
+        self.first_pass_ordinal()
+
+    def first_pass_ordinal(self) -> int:
+        """:attr:`next_ordinal`, moved past any skipped piece it stands in."""
+        if self.skipped:
+            plan = self.plan
+            while self.next_ordinal < plan.total:
+                pos = plan.locate(self.next_ordinal)[0]
+                if pos not in self.skipped:
+                    break
+                self.next_ordinal = plan.ends[pos]
+        return self.next_ordinal
 
     def retransmitted(self, ordinal: int, piece_index: int) -> None:
         """The head of :attr:`retx` (``ordinal``, of piece ``piece_index``) was sent."""
@@ -68,11 +105,14 @@ class SendSchedule:
         self.loaded[index] = memoryview(data)
 
     def _ahead(self) -> Sequence[int]:
-        """The first pass's current piece and ``prefetch`` after it (none once it is over)."""
+        """The first pass's current piece and ``prefetch`` after it (none once it is over),
+        skipped pieces left out."""
         plan = self.plan
-        if self.next_ordinal < plan.total:
-            pos = plan.locate(self.next_ordinal)[0]
-            return plan.pieces[pos : pos + self.prefetch + 1]
+        ordinal = self.first_pass_ordinal()
+        if ordinal < plan.total:
+            pos = plan.locate(ordinal)[0]
+            ahead = range(pos, min(pos + self.prefetch + 1, len(plan.pieces)))
+            return [plan.pieces[i] for i in ahead if i not in self.skipped]
         return ()
 
     def evict(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import hmac
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -73,6 +74,8 @@ class SenderStats:
     forged: int = 0
     reports: int = 0
     batches: int = 0
+    skipped: int = 0
+    """Pieces the client skipped (SKIP)."""
     rate_changes: list[tuple[float, float]] = field(default_factory=list)
 
 
@@ -130,6 +133,8 @@ class ServerSession:
         self._target = 0.0
         self._pacer = Pacer(0.0, 2 * (MIN_BLOCK_SIZE + DGRAM_OVERHEAD))
         self._blocked = False
+        self._positions: dict[int, int] | None = None
+        """Piece index -> its position in the plan (made at the first SKIP)."""
         self._feedback = RateFeedback()
         self._prefetch_pieces = prefetch_pieces
         self._cache_pieces = cache_pieces
@@ -219,6 +224,8 @@ class ServerSession:
             body = side.open(kind, body)
             if kind == Msg.REPORT:
                 self._on_report(body, now)
+            elif kind == Msg.SKIP:
+                self._on_skip(body)
             elif kind == Msg.DONE:
                 side.send_sealed(Msg.BYE, BYE.pack(self.stats.datagrams, self.stats.bytes))
                 side.pending.append(TransferDone())
@@ -300,6 +307,26 @@ class ServerSession:
                 self.rate = new
         self._send_progress(echo)
         self._want_pieces()
+
+    def _on_skip(self, body: bytes) -> None:
+        schedule = self._schedule
+        if schedule is None or len(body) < 4:
+            raise RemoteProtocolError("bad SKIP")
+        (count,) = struct.unpack_from("!I", body)
+        if count > len(schedule.plan.pieces):
+            raise RemoteProtocolError(f"SKIP of {count} pieces")
+        where = self._positions
+        if where is None:
+            where = self._positions = {p: i for i, p in enumerate(schedule.plan.pieces)}
+        positions = set()
+        for piece in u32s(body[4:], count, "SKIP"):
+            pos = where.get(piece)
+            if pos is None:
+                raise RemoteProtocolError(f"SKIP of piece {piece}, not accepted")
+            positions.add(pos)
+        schedule.skip(positions)
+        self.stats.skipped = len(schedule.skipped)
+        self._blocked = False  # it may have waited for a skipped piece to load
 
     def _send_progress(self, echo: int) -> None:
         # pass_done: every block was sent once and every NAK received so far (up to the
@@ -421,7 +448,7 @@ class ServerSession:
         while sent < limit:
             if retx and not retx_waits:
                 ordinal, flags = retx[0], FLAG_RETRANSMIT
-            elif schedule.next_ordinal < plan.total:
+            elif schedule.first_pass_ordinal() < plan.total:
                 ordinal, flags = schedule.next_ordinal, 0
             else:
                 if retx_waits:

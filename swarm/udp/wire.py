@@ -3,7 +3,7 @@ block plan both sides derive from REQUEST and ACCEPT. Pure: no socket, clock or 
 
 Handshake (control channel, TCP, frames ``u32 length | u8 type | body``)::
 
-    C -> S  HELLO      "SWUDP2" | client_nonce[32]
+    C -> S  HELLO      "SWUDP3" | client_nonce[32]
     S -> C  CHALLENGE  server_nonce[32] | HMAC(auth_key, "server" | transcript)
     C -> S  AUTH       HMAC(auth_key, "client" | transcript)        (client checks S first)
     C -> S  REQUEST    info_hash[20] | rate u64 | block u32 | n u32 | piece u32 * n   (sealed)
@@ -17,10 +17,16 @@ Handshake (control channel, TCP, frames ``u32 length | u8 type | body``)::
                        | n u32 | nak u32 * n                                         (sealed)
     S -> C  PROGRESS   echo u64 | served u64 | rate u64 | datagrams u64 | bytes u64
                        | pass_done u8                                               (sealed)
+    C -> S  SKIP       n u32 | piece u32 * n                                         (sealed)
     C -> S  DONE                                                                     (sealed)
     S -> C  BYE        datagrams u64 | bytes u64                                     (sealed)
 
 ``transcript = HELLO body | server_nonce`` (keys and sealing: :mod:`swarm.udp.crypto`).
+
+SKIP names accepted pieces the client no longer wants (another source brought them while
+the session ran): the sender sends none of their blocks from then on, first pass or
+retransmission, and the client NAKs none. Far-region's sessions received a quarter of
+their bytes for pieces the region's own exchange had brought meanwhile.
 
 Datagram (both directions)::
 
@@ -45,9 +51,10 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-VERSION_MAGIC: Final = b"SWUDP2"
-"""Version 2: keys from ``cryptography``'s HKDF with a fleet key (version 1 derived them by
-hand, differently): a node of each version says so rather than "wrong fleet secret"."""
+VERSION_MAGIC: Final = b"SWUDP3"
+"""Version 3: SKIP (version 2 servers refuse the frame mid-session); version 2: keys from
+``cryptography``'s HKDF with a fleet key (version 1 derived them by hand, differently). A
+node of another version says so rather than "wrong fleet secret" or a broken session."""
 NONCE_LEN: Final = 32
 TAG_LEN: Final = 16
 """AES-GCM tag length (NIST SP 800-38D: the full 128 bits; truncation buys nothing here)."""
@@ -118,6 +125,7 @@ class Msg(enum.IntEnum):
     DONE = 10
     BYE = 11
     ERROR = 12
+    SKIP = 13
 
 
 class RefuseCode(enum.IntEnum):

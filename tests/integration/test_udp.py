@@ -202,6 +202,38 @@ def test_server_cap_holds_whatever_the_client_asks(artifact: FilePieces) -> None
     asyncio.run(main())
 
 
+def test_pieces_held_meanwhile_are_skipped_and_not_sent(artifact: FilePieces) -> None:
+    # 80 Mbit/s: 24 pieces take ~2.5 s. Once two pieces are kept, the middle third of the
+    # request "arrives over TCP": the server sends none of it after the SKIP, and goes on
+    # with the last third (not the tail: a client that has all it wants ends the session
+    # whether the server skips or not).
+    cap = 80_000_000
+    wanted = list(range(artifact.piece_count))
+    middle = set(range(8, 16))
+
+    async def main() -> None:
+        async with serve(artifact, rate_cap_bps=cap) as server:
+            sink = Sink(artifact)
+            stats = await fetch_pieces(
+                "127.0.0.1",
+                server.port,
+                SECRET,
+                INFO_HASH,
+                wanted,
+                sink,
+                rate_bps=cap,
+                timeout=30,
+                held=lambda index: len(sink.kept) >= 2 and index in middle,
+            )
+            assert sorted(stats.kept) == [i for i in wanted if i not in middle]
+            assert stats.skipped == len(middle)
+            assert all(sink.kept[i] == artifact.read(i) for i in stats.kept)
+            # two thirds, and what was on its way when the SKIP came
+            assert server.bytes_sent < 0.8 * artifact.total_size
+
+    asyncio.run(main())
+
+
 def test_sync_wrapper_runs_in_a_source_thread_and_cancels(artifact: FilePieces) -> None:
     loop = asyncio.new_event_loop()
     server = serve(artifact, rate_cap_bps=20_000_000)

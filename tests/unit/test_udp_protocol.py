@@ -65,9 +65,13 @@ class Sim:
         sink_ok: Callable[[int, bytes, int], bool] | None = None,
         client_secret: bytes = SECRET,
         batched: bool = False,
+        arrived_elsewhere: Callable[[Sim], list[int]] | None = None,
     ) -> None:
         self.rng = random.Random(seed)
         self.link = link
+        self.arrived_elsewhere = arrived_elsewhere
+        """Pieces another source brought by now (the client skips them)."""
+        self.sent_ordinals: list[int] = []
         self.data, self.pieces = artifact(size, piece_size)
         self.hashes = [hashlib.sha1(x).digest() for x in self.pieces]
         self.piece_size, self.size = piece_size, size
@@ -113,6 +117,7 @@ class Sim:
     def datagram(self, data: bytes) -> None:
         link, rng = self.link, self.rng
         self.sent_wire_bytes += len(data)
+        self.sent_ordinals.append(wire.DGRAM.unpack_from(data)[4])
         if rng.random() < link.loss:
             return
         copies = 2 if rng.random() < link.dup else 1
@@ -223,6 +228,8 @@ class Sim:
                     for dgram in self.server.handle_timer(self.now):
                         self.datagram(bytes(dgram))
             if self.client_timer is not None and self.client_timer <= self.now:
+                if self.arrived_elsewhere is not None:
+                    self.client.skip(self.arrived_elsewhere(self))
                 for dgram in self.client.handle_timer(self.now):
                     self.at(self.now + self.link.delay, "to_server", dgram)
             self.pump()
@@ -701,8 +708,8 @@ def test_a_retransmission_waiting_for_its_piece_does_not_stall_the_first_pass() 
 
 def test_another_protocol_version_is_named() -> None:
     server = p.ServerSession(p.FleetKey(SECRET), b"s" * 32, CLIENT_IP[0], 10**9)
-    with pytest.raises(p.RemoteProtocolError, match="want SWUDP2"):
-        server.receive_control(p.frame(p.Msg.HELLO, b"SWUDP1" + b"c" * 32), 0.0)
+    with pytest.raises(p.RemoteProtocolError, match="want SWUDP3"):
+        server.receive_control(p.frame(p.Msg.HELLO, b"SWUDP2" + b"c" * 32), 0.0)
 
 
 def test_an_absurd_seq_from_the_server_does_not_break_the_report() -> None:
@@ -785,3 +792,92 @@ def test_a_gro_batch_is_taken_as_its_datagrams_one_by_one(
         s = client.stats
         outcomes.append((error, pieces, s.datagrams, s.bytes, s.duplicates, s.forged))
     assert outcomes[0] == outcomes[1]
+
+
+# -- SKIP: pieces another source brought while the session ran -----------------------------
+
+
+def pieces_sent(sim: Sim) -> dict[int, int]:
+    """Datagrams the server sent per piece index."""
+    plan = sim.client.plan
+    assert plan is not None
+    sent: dict[int, int] = {}
+    for ordinal in sim.sent_ordinals:
+        piece = plan.pieces[plan.locate(ordinal)[0]]
+        sent[piece] = sent.get(piece, 0) + 1
+    return sent
+
+
+def test_skipped_pieces_are_not_sent_and_the_rest_completes() -> None:
+    # Eight pieces over a slow link; once the first is kept, pieces 5-7 "arrive over TCP".
+    elsewhere = [5, 6, 7]
+
+    def arrived(sim: Sim) -> list[int]:
+        return elsewhere if sim.kept else []
+
+    sim = Sim(Link(rate_bps=50_000_000), size=8 * 65536, arrived_elsewhere=arrived)
+    sim.run()
+    sim.assert_complete()
+    assert sorted(sim.kept) == [0, 1, 2, 3, 4]
+    assert sim.client.stats.skipped == 3
+    assert sim.server.stats.skipped == 3
+    sent = pieces_sent(sim)
+    assert all(sent.get(i, 0) == 0 for i in elsewhere)  # skipped before the pass got there
+    assert any(isinstance(e, p.TransferDone) for e in sim.server_events)
+
+
+def test_a_piece_skipped_mid_way_gets_no_retransmission() -> None:
+    # A lossy link: piece 1 is skipped while its blocks are still coming; nothing of it is
+    # NAKed or retransmitted after that, and the rest arrives whole.
+    skip_at: list[int] = []
+
+    def arrived(sim: Sim) -> list[int]:
+        plan = sim.client.plan
+        if plan is None or not sim.sent_ordinals:
+            return []
+        if max(sim.sent_ordinals) >= plan.first[1] + 2:  # piece 1 begun
+            if not skip_at:
+                skip_at.append(len(sim.sent_ordinals))
+            return [1]
+        return []
+
+    sim = Sim(Link(loss=0.05), seed=3, size=4 * 65536, arrived_elsewhere=arrived)
+    sim.run()
+    sim.assert_complete()
+    assert sorted(sim.kept) == [0, 2, 3]
+    plan = sim.client.plan
+    assert plan is not None and skip_at
+    # what the server sent once the SKIP had had a round trip to reach it
+    later = sim.sent_ordinals[skip_at[0] + 64 :]
+    assert not [o for o in later if plan.first[1] <= o < plan.ends[1]]
+    assert sim.client.stats.skipped == 1
+
+
+def test_skipping_every_piece_left_ends_the_transfer() -> None:
+    def arrived(sim: Sim) -> list[int]:
+        return [1, 2, 3, 4, 5] if sim.kept else []
+
+    sim = Sim(Link(rate_bps=20_000_000), size=6 * 65536, arrived_elsewhere=arrived)
+    sim.run()
+    assert sim.client.done
+    assert sorted(sim.kept) == [0]
+    assert sim.server.state is p.ServerState.DONE
+    assert sim.sent_wire_bytes < 3 * 65536  # far less than the six pieces
+
+
+def test_skip_of_a_piece_not_accepted_is_a_remote_error() -> None:
+    server, client = accepted_pair()
+    client.data_to_send()
+    client._side.send_sealed(p.Msg.SKIP, wire.pack_u32s([1, 999]))
+    with pytest.raises(p.RemoteProtocolError, match="SKIP of piece 999"):
+        server.receive_control(client.data_to_send(), 1.0)
+
+
+def test_skip_before_accept_or_of_a_whole_piece_does_nothing() -> None:
+    _, client = handshake()
+    assert client.skip([0]) == []  # no ACCEPT yet: nothing to skip
+    _, client = accepted_pair()
+    assert client.outstanding_pieces() == [0, 1]
+    assert client.skip([1, 7]) == [1]  # 7 was never asked for
+    assert client.outstanding_pieces() == [0]
+    assert client.skip([1]) == []  # once only
