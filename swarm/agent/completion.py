@@ -185,7 +185,8 @@ class Completion:
             artifact.identity = identity
             artifact.verified.set()
             self.session.save_resume(artifact.info_hash)
-            log.info("%s verified at %s", artifact.manifest.name, artifact.final_path)
+            log.info("%s verified at %s%s", artifact.manifest.name, artifact.final_path,
+                     _redundant(self.session, artifact.info_hash))  # fmt: skip
         finally:
             if artifact.lock is not None:
                 artifact.lock.release()
@@ -217,3 +218,19 @@ class Completion:
             before.total_payload_download if before is not None else 0
         )
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
+
+
+def _redundant(session: TorrentSession, info_hash: str) -> str:
+    """What libtorrent received twice or in vain for the fetch (blocks of pieces another
+    source brought first), for the completion's log line."""
+    state = session.torrents.get(info_hash)
+    if state is None:
+        return ""
+    try:
+        status = state.handle.status()
+    except RuntimeError:
+        return ""
+    return (
+        f" (from peers {status.total_payload_download / 1e6:.1f} MB, of which redundant "
+        f"{status.total_redundant_bytes / 1e6:.1f} MB)"
+    )

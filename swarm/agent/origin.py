@@ -159,16 +159,27 @@ def read_origin(
         # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
         # next piece once the plan is no longer ALL.
         stop = all_taken_back if planned and batch.kind is BatchKind.ALL else None
-        # (Holding the batch's pieces back from peers with priority 0 saved the mixed
-        # fleet's duplicate downloads, but one node in three of the swarm-bound bench
-        # then hashed its file before every byte was in it: not done until understood.)
+        # Where the coordinator's allocation gave this node a direct share of S3 (MIX: the
+        # origin has room) or ALL, the batch's pieces are held back from peers while S3
+        # brings them: a peer's copy would arrive too, half of it (redundant bytes on the
+        # downlink; blocks already requested still come, no new ones are asked for). Not
+        # in WIDE, which the origin-bound fleet sees too: there a peer that brings a piece
+        # first cuts the GET short, and held back, CI's origin-bound fleet read a WIDE
+        # batch of all 16 pieces from S3 (origin 1.51 F).
+        room = planned and (
+            batch.kind is BatchKind.ALL or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
+        )
+        held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
         artifact.s3_busy.start()
         try:
+            session.hold_back(manifest.info_hash, held_back, True)
             S3Source(client, manifest, target, artifact.cancel, config, on_retry=retrying).fetch(
                 batch.pieces, stop
             )
         finally:
             artifact.s3_busy.stop()
+            with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile
+                session.hold_back(manifest.info_hash, held_back, False)
 
     batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
     local = LocalOriginPolicy(stripe_offset(node_id, manifest.layout.count))

@@ -86,7 +86,8 @@ def describe(artifact: Artifact) -> ArtifactStatus:
     if complete and artifact.seconds is None:
         artifact.seconds = round(now - artifact.started, 3)
     waiting = update_failure(artifact, status, now)
-    have = status.total_wanted_done if status is not None else 0
+    # every piece held, wanted or not (those the S3 reader holds back from peers are not)
+    have = status.total_done if status is not None else 0
     if artifact.direct is not None:
         have = max(have, artifact.direct.bytes_done)
     s3_task = artifact.tasks.get("s3")

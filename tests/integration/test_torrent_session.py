@@ -1,0 +1,55 @@
+"""The daemon's libtorrent session (swarm.sources.peers.TorrentSession) on its own: pieces
+handed to it, pieces held back from peers while S3 reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarm.manifest import Manifest
+from swarm.sources.peers import TorrentSession
+from tests.conftest import make_artifact
+
+PIECE = 256 << 10
+PIECES = 8
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[TorrentSession]:
+    session = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def test_a_torrent_finishes_only_once_pieces_held_back_from_peers_are_in(
+    session: TorrentSession, tmp_path: Path
+) -> None:
+    # libtorrent calls a torrent finished once it holds every piece it *wants*: a piece
+    # held back (priority 0) while S3 reads it is not wanted. The file must not count as
+    # complete (and be hashed) before that piece is in it.
+    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
+    )
+    data = src.read_bytes()
+    piece = [data[i * PIECE : (i + 1) * PIECE] for i in range(PIECES)]
+    state = session.add(manifest, tmp_path / "data.bin", [])
+    info_hash = manifest.info_hash
+    session.hold_back(info_hash, [0], True)
+    for index in range(1, PIECES):
+        assert session.add_piece_async(info_hash, index, piece[index]).result(10)
+    deadline = time.monotonic() + 1.5  # libtorrent's finished alert comes within this
+    while time.monotonic() < deadline:
+        assert not state.finished.is_set(), "finished with piece 0 missing"
+        time.sleep(0.05)
+    assert session.add_piece_async(info_hash, 0, piece[0]).result(10)
+    assert state.finished.wait(10)
+    session.hold_back(info_hash, [0], False)  # as the reader does after its batch
+    got = (tmp_path / "data.bin").read_bytes()
+    assert hashlib.sha256(got).hexdigest() == manifest.sha256
