@@ -224,8 +224,14 @@ class StripePlanner:
         # only it has: the hold (one to two reports) left slow-uploads' origin idle
         # 1.5-2.7 s between its stripes and its first allocation, every node waiting on
         # peers that gave it 2.5 MB/s against S3's 17-30.
+        # Not among seeders: they hold every piece, and a late node on a LAN widened at
+        # once read 5-10 of 24 pieces from S3 that they sent it too (CI's late-node test
+        # failed one run in two).
         eager = (
-            before_allocation and estimate is not None and lacking >= estimate * EAGER_WIDE_SECONDS
+            before_allocation
+            and estimate is not None
+            and lacking >= estimate * EAGER_WIDE_SECONDS
+            and not self.capacity.has_seeders(info_hash)
         )
         hold = 0.0 if eager and node not in s3 else HOLD_SECONDS
         state = decide(view.mode or MixState(), delivered, estimate, work, now, hold)

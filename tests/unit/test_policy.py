@@ -249,6 +249,18 @@ def test_a_node_lacking_much_widens_at_its_stripes_end_before_an_allocation():
     assert a.mode is Mode.WIDE
 
 
+def test_among_seeders_a_late_node_does_not_widen_at_once():
+    """CI's late-node test (a LAN, two seeders): widened at its first reports, before an
+    allocation, a late node read 5-10 of 24 pieces from S3 that the seeders sent too."""
+    planner = StripePlanner(stripe_bytes=16 * MiB)
+    _plan(planner, "s", count=24, now=0.0)  # the seeder's own fetch: S3 at 16 MiB/s
+    _plan(planner, "s", count=24, held=(1 << 16) - 1, now=1.0, s3=16 * MiB)
+    _plan(planner, "s", count=24, held=(1 << 24) - 1, complete=True, now=1.5, s3=24 * MiB)
+    for now, peers in ((2.0, 0), (2.5, MiB)):  # within the hold (peers may be slow later)
+        late = _plan(planner, "l", count=24, now=now, peers=peers)
+        assert late.mode is not Mode.WIDE and not late.stripe, now
+
+
 def test_a_swarm_that_stops_sending_widens_the_node_at_once():
     """The s3-fast fleet: a node got 21 MiB from peers in its first half second, then
     nothing for three seconds while its stripe was done and peers held what it lacked.
