@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from swarm.udp import (
+    FetchStats,
     FilePieces,
     StaticProvider,
     UdpAuthError,
@@ -58,6 +59,19 @@ class Sink:
 def artifact(tmp_path: Path) -> FilePieces:
     path = make_artifact(tmp_path / "artifact.bin", 24 * PIECE + 12345, seed=3)
     return FilePieces.open(path, PIECE)
+
+
+async def fetch_from(server: UdpServer, pieces: list[int], sink: Sink, **kw: object) -> FetchStats:
+    """``fetch_pieces`` of this module's artifact from ``server`` on loopback."""
+    return await fetch_pieces(
+        "127.0.0.1",
+        server.port,
+        SECRET,
+        INFO_HASH,
+        pieces,
+        sink,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def serve(artifact: FilePieces, **kw: object) -> UdpServer:
@@ -214,11 +228,8 @@ def test_pieces_held_meanwhile_are_skipped_and_not_sent(artifact: FilePieces) ->
     async def main() -> None:
         async with serve(artifact, rate_cap_bps=cap) as server:
             sink = Sink(artifact)
-            stats = await fetch_pieces(
-                "127.0.0.1",
-                server.port,
-                SECRET,
-                INFO_HASH,
+            stats = await fetch_from(
+                server,
                 wanted,
                 sink,
                 rate_bps=cap,
@@ -314,11 +325,8 @@ def test_without_gso_and_gro_the_transfer_is_the_same(artifact: FilePieces) -> N
     async def main() -> None:
         async with serve(artifact, gso=False) as server:
             sink = Sink(artifact)
-            stats = await fetch_pieces(
-                "127.0.0.1",
-                server.port,
-                SECRET,
-                INFO_HASH,
+            stats = await fetch_from(
+                server,
                 list(range(6)),
                 sink,
                 rate_bps=1_000_000_000,
