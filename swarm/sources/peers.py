@@ -186,6 +186,9 @@ class TorrentSession:
                 log.warning("ignoring unreadable resume data %s: %s", resume_file, error)
                 params = lt.add_torrent_params()
         params.ti = strip_web_seeds(manifest.torrent)
+        # Every piece wanted: a priority saved while the S3 reader held pieces back from
+        # peers (:meth:`hold_back`) would keep them from peers after a restart.
+        params.piece_priorities = []
         params.save_path = str(data_path.parent)
         params.renamed_files = (
             {0: data_path.name}

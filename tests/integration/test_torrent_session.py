@@ -53,3 +53,26 @@ def test_a_torrent_finishes_only_once_pieces_held_back_from_peers_are_in(
     session.hold_back(info_hash, [0], False)  # as the reader does after its batch
     got = (tmp_path / "data.bin").read_bytes()
     assert hashlib.sha256(got).hexdigest() == manifest.sha256
+
+
+def test_pieces_held_back_at_a_restart_are_wanted_again(tmp_path: Path) -> None:
+    # A daemon stopped while its S3 reader held pieces back saves their priority 0 in the
+    # resume data; the next daemon must want them from peers again.
+    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
+    )
+    first = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
+    try:
+        first.add(manifest, tmp_path / "data.bin", [])
+        first.hold_back(manifest.info_hash, [0, 1], True)
+        time.sleep(0.2)  # the priorities reach libtorrent's thread
+    finally:
+        first.close()  # saves resume data
+    assert list((tmp_path / "resume").glob("*.resume"))
+    second = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
+    try:
+        state = second.add(manifest, tmp_path / "data.bin", [])
+        assert list(state.handle.get_piece_priorities()) == [4] * PIECES
+    finally:
+        second.close()
