@@ -26,16 +26,14 @@ class PieceAssembly:
         self.buffers: dict[int, bytearray] = {}
         self.views: dict[int, memoryview] = {}
         self.attempts = [0] * len(plan.pieces)
-        self.settled = 0
         self.finished: set[int] = set()
         """Positions settled: kept, given up, or skipped."""
         self.checking: set[int] = set()
-        self.pos = {piece: pos for pos, piece in enumerate(plan.pieces)}
         self._pool: list[bytearray] = []
 
     @property
     def all_settled(self) -> bool:
-        return self.settled == len(self.plan.pieces)
+        return len(self.finished) == len(self.plan.pieces)
 
     def open(self, pos: int) -> memoryview:
         """A buffer for the piece at ``pos``, its first block arriving."""
@@ -67,7 +65,7 @@ class PieceAssembly:
         """The sink's verdict on piece ``index``: None once it is settled (kept, or its hash
         failed :data:`MAX_PIECE_ATTEMPTS` times), else the ordinals of its blocks, all
         missing again."""
-        pos = self.pos.get(index)
+        pos = self.plan.position.get(index)
         if pos is None:
             raise LocalProtocolError(f"piece {index} was not accepted")
         if pos not in self.checking:
@@ -75,7 +73,6 @@ class PieceAssembly:
         self.checking.discard(pos)
         self.attempts[pos] += 1
         if ok or self.attempts[pos] >= MAX_PIECE_ATTEMPTS:
-            self.settled += 1
             self.finished.add(pos)
             return None
         ordinals = self.plan.ordinals(pos)
@@ -98,5 +95,4 @@ class PieceAssembly:
             view.release()
             self.recycle(self.buffers.pop(pos))
         self.finished.add(pos)
-        self.settled += 1
         return True

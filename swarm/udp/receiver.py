@@ -476,7 +476,7 @@ class ClientSession:
             return []
         skipped = []
         for piece in pieces:
-            pos = assembly.pos.get(piece)
+            pos = plan.position.get(piece)
             if pos is not None and assembly.skip(pos):
                 self._loss.skipped(plan.ordinals(pos))
                 skipped.append(piece)

@@ -133,8 +133,6 @@ class ServerSession:
         self._target = 0.0
         self._pacer = Pacer(0.0, 2 * (MIN_BLOCK_SIZE + DGRAM_OVERHEAD))
         self._blocked = False
-        self._positions: dict[int, int] | None = None
-        """Piece index -> its position in the plan (made at the first SKIP)."""
         self._feedback = RateFeedback()
         self._prefetch_pieces = prefetch_pieces
         self._cache_pieces = cache_pieces
@@ -315,12 +313,9 @@ class ServerSession:
         (count,) = struct.unpack_from("!I", body)
         if count > len(schedule.plan.pieces):
             raise RemoteProtocolError(f"SKIP of {count} pieces")
-        where = self._positions
-        if where is None:
-            where = self._positions = {p: i for i, p in enumerate(schedule.plan.pieces)}
         positions = set()
         for piece in u32s(body[4:], count, "SKIP"):
-            pos = where.get(piece)
+            pos = schedule.plan.position.get(piece)
             if pos is None:
                 raise RemoteProtocolError(f"SKIP of piece {piece}, not accepted")
             positions.add(pos)

@@ -252,6 +252,8 @@ class BlockPlan:
             ordinal += -(-length // block_size)
             self.ends.append(ordinal)
         self.total = ordinal
+        self.position = {piece: pos for pos, piece in enumerate(self.pieces)}
+        """Piece index -> its position in :attr:`pieces` (the plan's pieces are distinct)."""
 
     def piece_length(self, piece: int) -> int:
         return min(self.piece_size, self.total_size - piece * self.piece_size)
