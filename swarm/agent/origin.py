@@ -162,12 +162,14 @@ def read_origin(
         # Where the coordinator's allocation gave this node a direct share of S3 (MIX: the
         # origin has room) or ALL, the batch's pieces are held back from peers while S3
         # brings them: a peer's copy would arrive too, half of it (redundant bytes on the
-        # downlink; blocks already requested still come, no new ones are asked for). Not
-        # in WIDE, which the origin-bound fleet sees too: there a peer that brings a piece
-        # first cuts the GET short, and held back, CI's origin-bound fleet read a WIDE
-        # batch of all 16 pieces from S3 (origin 1.51 F).
+        # downlink; blocks already requested still come, no new ones are asked for). So
+        # is a fill's one piece: CI's late node beside two seeders had all 24 pieces from
+        # them and 9 of those from S3 too. Not in WIDE, which the origin-bound fleet sees
+        # too: there a peer that brings a piece first cuts the GET short, and held back,
+        # CI's origin-bound fleet read a WIDE batch of all 16 pieces from S3 (1.51 F).
         room = planned and (
-            batch.kind is BatchKind.ALL or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
+            batch.kind in (BatchKind.ALL, BatchKind.FILL)
+            or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
         )
         held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
         artifact.s3_busy.start()
@@ -192,6 +194,7 @@ def read_origin(
         return
     handle = state.handle
     in_flight = InFlight(handle)
+    last_kind: tuple[BatchKind, bool] | None = None  # logged when it changes
     try:
         while not artifact.complete_on_disk() and not artifact.cancel.is_set():
             missing = artifact.missing()
@@ -276,6 +279,11 @@ def read_origin(
                 if shared:
                     log.info("plan left ALL: %d pieces read from S3 handed to libtorrent",
                              shared)  # fmt: skip
+            if (batch.kind, planned) != last_kind:
+                log.info("S3 reads: %s batches (%s), first of %d pieces with %d missing",
+                         batch.kind.value, "plan" if planned else "own choice",
+                         len(batch.pieces), len(missing))  # fmt: skip
+                last_kind = (batch.kind, planned)
             read(batch, planned)
             artifact.direct_pieces += batch.direct
             if plan is not None and batch.kind is not BatchKind.FILL:

@@ -36,7 +36,15 @@ from swarm.coordinator.allocate import Mode as AllocationMode
 from swarm.coordinator.capacity import CapacityBook
 from swarm.coordinator.planstate import Commit, MemoryPlanState, PlanState
 from swarm.coordinator.rates import STARVED_SHARE, NodeRates, update_rates
-from swarm.policy import HOLD_SECONDS, MixState, Mode, decide, may_fill, s3_capacity
+from swarm.policy import (
+    FILL_RATIO,
+    HOLD_SECONDS,
+    MixState,
+    Mode,
+    decide,
+    may_fill,
+    s3_capacity,
+)
 
 STRIPE_BYTES: Final = 8 << 20
 """Origin work outstanding per node before its rate is known: two 4 MiB GETs. Small, so
@@ -289,7 +297,9 @@ class StripePlanner:
                 # tell, a fill takes the stripes' bandwidth for a piece peers already
                 # hold (CI's origin-bound fleet: 0.3 F of the origin's bytes went so)
                 fill = False
-            if not done.stripe and self._origin_idles(info_hash, node, allocation, s3):
+            if not done.stripe and self._origin_idles(
+                info_hash, node, allocation, s3, delivered, estimate
+            ):
                 fill = True
         return OriginPlan(done.stripe, mode, estimate, fill, rates, direct)
 
@@ -299,6 +309,8 @@ class StripePlanner:
         node: str,
         allocation: Allocation | None,
         readers: Iterable[str],
+        delivered: float,
+        estimate: float | None,
     ) -> bool:
         """Whether the origin idles for want of readers, so that a node with no stripe
         left fills from it (one rare piece a GET), whatever :func:`may_fill` says:
@@ -308,14 +320,21 @@ class StripePlanner:
           Existing seeders: 9.0-10.7 s against 9.6-12.1 in five alternating pairs. Not
           without seeders: there the stripes of a small object can end before the
           allocation, on an origin that is the bottleneck, and fills would send pieces
-          twice;
+          twice. Nor once its peers deliver ``FILL_RATIO`` times what S3 gives a reader:
+          CI's late node beside two seeders on loopback read 9 of 24 pieces from S3 one
+          GET at a time while the seeders sent all 24;
         - under MIX, the nodes' S3 rates of the moment use under half the origin the
           allocation planned on (:meth:`CapacityBook.origin_spare`): a direct share is
           bytes, read at full width and done, and the mixed fleet's origin then sent
           0 MB/s for 0.8 s and under 35 of 50 for 2 s more while the uploads were the
           bottleneck."""
         if allocation is None:
-            return self.capacity.has_seeders(info_hash) and all(n == node for n in readers)
+            peers_fast = estimate is not None and delivered >= FILL_RATIO * estimate
+            return (
+                self.capacity.has_seeders(info_hash)
+                and all(n == node for n in readers)
+                and not peers_fast
+            )
         return allocation.mode is AllocationMode.MIX and self.capacity.origin_spare(info_hash)
 
     def prune(self, alive: set[str]) -> None:

@@ -335,6 +335,24 @@ def test_among_seeders_a_node_fills_while_the_origin_idles_before_an_allocation(
     assert not b.stripe and not b.fill
 
 
+def test_among_seeders_a_node_whose_peers_are_fast_stops_filling():
+    """CI's late node beside two seeders on loopback: it filled from S3 (one GET at a
+    time, 9 of 24 pieces) while the seeders sent it all 24. Once its peers deliver more
+    than FILL_RATIO times what S3 gives a reader, it stops; with slow peers it goes on."""
+    for peers_rate, fills in ((64 * MiB, False), (4 * MiB, True)):
+        planner = StripePlanner(stripe_bytes=16 * MiB)
+        _plan(planner, "s", count=24, now=0.0)  # the seeder's own fetch: S3 at 8 MiB/s
+        _plan(planner, "s", count=24, held=0xFF, now=1.0, s3=8 * MiB)
+        _plan(planner, "s", count=24, held=(1 << 24) - 1, complete=True, now=2.0, s3=24 * MiB)
+        late = _plan(planner, "l", count=24, now=2.0)
+        assert late.fill and not late.stripe  # the peers' rate is not known yet
+        late = _plan(planner, "l", count=24, held=0b111, now=2.5, s3=MiB, peers=2 * MiB)
+        late = _plan(
+            planner, "l", count=24, held=0b111, now=3.5, s3=MiB, peers=int(2 * MiB + peers_rate)
+        )
+        assert late.fill is fills, peers_rate
+
+
 def test_may_fill():
     assert may_fill(1.0 * MiB, 1.0 * MiB) and not may_fill(3.0 * MiB, 1.0 * MiB)
     assert not may_fill(0.0, None) and not may_fill(0.0, 1.0)  # unknown or noise
