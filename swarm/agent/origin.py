@@ -146,6 +146,11 @@ def read_origin(
         plan = fresh_plan()
         return plan is not None and plan.mode != Mode.ALL
 
+    def all_given() -> bool:
+        """A fresh plan says ALL (S3 feeds every node at link speed)."""
+        plan = fresh_plan()
+        return plan is not None and plan.mode == Mode.ALL
+
     def read(batch: Batch, planned: bool) -> None:
         # Once the reader writes into the file itself, it goes on doing so (libtorrent
         # learns of those pieces when the verified file is handed to it), except for a
@@ -157,8 +162,14 @@ def read_origin(
         config = S3SourceConfig(*shapes[batch.kind])
         # An ALL batch is everything missing: read to its end, it kept the node on a
         # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
-        # next piece once the plan is no longer ALL.
-        stop = all_taken_back if planned and batch.kind is BatchKind.ALL else None
+        # next piece once the plan is no longer ALL. A WIDE batch stops once the plan is
+        # ALL: read to its end (32 pieces), it kept s3-fast's nodes up to two seconds
+        # longer on libtorrent's path and their peers after the coordinator said ALL.
+        stop = None
+        if planned and batch.kind is BatchKind.ALL:
+            stop = all_taken_back
+        elif planned and batch.kind is BatchKind.WIDE:
+            stop = all_given
         # Where the coordinator's allocation gave this node a direct share of S3 (MIX: the
         # origin has room) or ALL, the batch's pieces are held back from peers while S3
         # brings them: a peer's copy would arrive too, half of it (redundant bytes on the

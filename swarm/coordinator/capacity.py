@@ -71,6 +71,15 @@ every node read the whole object) or, a second later, as having spare capacity (
 half of every node's bytes read again). Being wrong that way costs up to N reads of the
 object; waiting costs two seconds of stripes, which read distinct pieces at full width."""
 
+BACKLOG_WARMUP: Final = 1.0
+"""Seconds of peer traffic that are enough once peers have held a backlog for every
+fetching node (:attr:`_Link.upload_bound`): a node's download peak then includes what
+peers could send it besides S3, so a link that S3 alone filled shows as full. Peers
+hold no such backlog in the case :data:`PEERS_WARMUP` guards against (the origin
+trickles pieces out; each node holds a few). s3-fast's fleet had backlogs of 100 MB
+per node a second after its peers began, and waited one more second for its ALL,
+every node meanwhile reading WIDE through libtorrent and exchanging with its peers."""
+
 
 BACKLOG_SECONDS: Final = 1.0
 """Peers hold at least this many seconds of a node's download capacity that it lacks:
@@ -304,6 +313,9 @@ class CapacityBook:
             _measure_afresh(art, now)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
+        exchanged = now - art.peers_since if art.peers_since is not None else -math.inf
+        backlogs = all(link.upload_bound for link in art.links.values() if link.down > 0)
+        warm = PEERS_WARMUP if not backlogs else BACKLOG_WARMUP
         snap = snapshot(
             art.size,
             art.links.values(),
@@ -311,7 +323,7 @@ class CapacityBook:
             s3_per_reader,
             readers,
             self.origin_rate,
-            swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
+            swarm_shown=exchanged >= warm,
             origin_peak=art.origin_peak,
             together=art.together,
             all_taken_back=art.all_taken_back,
