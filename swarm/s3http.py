@@ -1,15 +1,17 @@
 """S3 reads for a node without botocore: ``http.client`` connections, requests signed
-(SigV4) and credentials resolved by awscrt, the AWS SDKs' common runtime.
+with SigV4 (:mod:`swarm.sigv4`), credentials from the environment or else resolved by
+awscrt, the AWS SDKs' common runtime.
 
 A node reads three things from S3: a catalog entry, a manifest, and ranges of the
 object. botocore cost a fresh daemon 0.25 CPU-s to import and to build its client (it
 loads S3's model, endpoint rules and partitions from JSON): half of a node's fixed start,
 and in the s3-fast bench six nodes start at once on two cores, so every node's first
-byte waited for all six. awscrt is C: importing it costs 0.11 CPU-s (over half of it
-AWS-LC's jitter-entropy seeding of its random generator), and it resolves
-credentials with the SDKs' default chain (environment, profile files, web identity, ECS
-container, EC2 instance role over IMDSv2). Publishing and the seeders' catalog listing
-keep boto3/botocore (multipart uploads, paginators): nothing there starts per node.
+byte waited for all six. awscrt is C, yet importing it costs 0.06-0.1 CPU-s (AWS-LC's
+jitter-entropy seeding of its random generator): it is imported only where the
+environment holds no keys, and then resolves credentials with the SDKs' default chain
+(profile files, web identity, ECS container, EC2 instance role over IMDSv2).
+Publishing and the seeders' catalog listing keep boto3/botocore (multipart uploads,
+paginators): nothing there starts per node.
 
 Only what a node needs: GET of an object or a byte range, path-style addressing (as the
 botocore client was configured: it works with AWS and every S3-compatible server), the
@@ -22,6 +24,7 @@ response itself, so the S3 source reads it straight into its buffers.
 from __future__ import annotations
 
 import configparser
+import datetime
 import functools
 import http.client
 import os
@@ -34,7 +37,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
+from swarm import sigv4
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
+from swarm.sigv4 import Credentials
 
 DEFAULT_REGION = "us-east-1"
 """Used only when nothing names a region (S3 needs one to sign)."""
@@ -208,10 +213,27 @@ def endpoint_for(endpoint_url: str | None, region: str) -> str:
     return url.rstrip("/")
 
 
+def _credentials() -> Credentials:
+    """The credentials to sign with: the environment's (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``), else what awscrt's default chain
+    resolves (it caches them, and refreshes an instance role's before they expire)."""
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return Credentials(key, secret, os.environ.get("AWS_SESSION_TOKEN") or None)
+    import awscrt.exceptions
+
+    try:
+        found = _credential_chain().get_credentials().result()
+    except awscrt.exceptions.AwsCrtError as error:
+        if "CREDENTIAL" in error.name:
+            raise NoCredentialsError(f"{error.name}: {error.message}") from error
+        raise S3Error(f"credentials: {error.name}: {error.message}") from error
+    return Credentials(found.access_key_id, found.secret_access_key, found.session_token)
+
+
 @functools.cache
-def _credentials() -> Any:
-    """The process's credential provider: the SDKs' default chain, cached by awscrt (an
-    instance role's credentials are refreshed before they expire)."""
+def _credential_chain() -> Any:
+    """awscrt's provider for the SDKs' default chain (made once per process)."""
     import awscrt.auth
 
     return awscrt.auth.AwsCredentialsProvider.new_default_chain()
@@ -296,27 +318,9 @@ class _Endpoint:
         self.base_path = parts.path.rstrip("/")
         self.proxy = _proxy_for(self.scheme, self.host)
         self.max_connections = max_connections
-        self._signing: Any = None
         self._tls: Any = None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-
-    def signing(self) -> Any:
-        """awscrt's SigV4 configuration for this endpoint's region (made once)."""
-        if self._signing is None:
-            import awscrt.auth
-
-            self._signing = awscrt.auth.AwsSigningConfig(
-                credentials_provider=_credentials(),
-                region=self.region,
-                service="s3",
-                # S3 signs the path as sent (no double encoding, no normalising).
-                use_double_uri_encode=False,
-                should_normalize_uri_path=False,
-                signed_body_value=awscrt.auth.AwsSignedBodyValue.EMPTY_SHA256,
-                signed_body_header_type=awscrt.auth.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
-            )
-        return self._signing
 
     def connect(self) -> http.client.HTTPConnection:
         host, port = self.host, self.port
@@ -441,20 +445,10 @@ class S3Client:
     def _sign(
         self, endpoint: _Endpoint, method: str, path: str, headers: list[tuple[str, str]]
     ) -> list[tuple[str, str]]:
-        import awscrt.auth
-        import awscrt.exceptions
-        import awscrt.http
-
-        request = awscrt.http.HttpRequest(
-            method, path, awscrt.http.HttpHeaders([("Host", endpoint.host_header), *headers])
-        )
-        try:
-            signed = awscrt.auth.aws_sign_request(request, endpoint.signing()).result()
-        except awscrt.exceptions.AwsCrtError as error:
-            if "CREDENTIAL" in error.name:
-                raise NoCredentialsError(f"{error.name}: {error.message}") from error
-            raise S3Error(f"signing failed: {error.name}: {error.message}") from error
-        return list(signed.headers)
+        # S3 signs the path as sent (no double encoding, no normalising): see sigv4
+        host = [("Host", endpoint.host_header), *headers]
+        now = datetime.datetime.now(datetime.UTC)
+        return sigv4.sign(method, path, host, _credentials(), endpoint.region, now)
 
     def _request(
         self, endpoint: _Endpoint, method: str, path: str, headers: list[tuple[str, str]]
