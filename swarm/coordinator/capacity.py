@@ -72,13 +72,16 @@ half of every node's bytes read again). Being wrong that way costs up to N reads
 object; waiting costs two seconds of stripes, which read distinct pieces at full width."""
 
 BACKLOG_WARMUP: Final = 1.0
-"""Seconds of peer traffic that are enough once peers have held a backlog for every
-fetching node (:attr:`_Link.upload_bound`): a node's download peak then includes what
-peers could send it besides S3, so a link that S3 alone filled shows as full. Peers
-hold no such backlog in the case :data:`PEERS_WARMUP` guards against (the origin
-trickles pieces out; each node holds a few). s3-fast's fleet had backlogs of 100 MB
-per node a second after its peers began, and waited one more second for its ALL,
-every node meanwhile reading WIDE through libtorrent and exchanging with its peers."""
+"""Seconds of peer traffic that are enough once S3 has filled the nodes' links (the
+median node's S3 peak is :data:`LINK_SHARE` of its download peak) while peers held a
+backlog for every fetching node (:attr:`_Link.upload_bound`): peers had more to send
+than the link took besides S3, so the link shows as full. s3-fast's fleet had backlogs
+of 100 MB per node and S3 peaks at 90% of the links a second after its peers began, and
+waited one more second for its ALL, every node meanwhile reading WIDE through
+libtorrent and exchanging with its peers. Backlogs alone are no sign: beside seeders
+every node has one from the start, and a second in, the new nodes' peaks (0.5-2.7 MB/s,
+peers still ramping up) made a 50 Mbit origin look like the links' match: ALL, and the
+existing-seeders fleet read from it alone for ten seconds (21-24 s against 10)."""
 
 
 BACKLOG_SECONDS: Final = 1.0
@@ -314,8 +317,7 @@ class CapacityBook:
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         exchanged = now - art.peers_since if art.peers_since is not None else -math.inf
-        backlogs = all(link.upload_bound for link in art.links.values() if link.down > 0)
-        warm = PEERS_WARMUP if not backlogs else BACKLOG_WARMUP
+        warm = BACKLOG_WARMUP if _links_filled_by_s3(art.links.values()) else PEERS_WARMUP
         snap = snapshot(
             art.size,
             art.links.values(),
@@ -432,6 +434,16 @@ class CapacityBook:
         art.s3_bytes.pop(node, None)
         if not art.links and not art.complete:
             del self._artifacts[info_hash]
+
+
+def _links_filled_by_s3(links: Iterable[_Link]) -> bool:
+    """Peers have held a backlog for every fetching node, and S3 gave the median node
+    :data:`LINK_SHARE` of its download peak: the links are full (see
+    :data:`BACKLOG_WARMUP`)."""
+    fetching = [link for link in links if link.down > 0]
+    if not fetching or not all(link.upload_bound for link in fetching):
+        return False
+    return statistics.median(link.s3 / link.down for link in fetching) >= LINK_SHARE
 
 
 def _withdraw(art: _Artifact, node: str, recent: float) -> None:

@@ -178,6 +178,18 @@ def test_backlogs_for_every_node_shorten_the_warm_up() -> None:
             assert plan is None
             plan = book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP)
             assert plan is not None and plan.mode is Mode.ALL
+    # existing-seeders a second after its peers began: every node had a backlog (the
+    # seeders hold everything), their peaks were peers ramping up (4-22 Mbit) and S3's
+    # fills next to nothing; the remembered per-reader S3 rate (20 Mbit, from the
+    # seeders' own fetch) then looked like the links' match: ALL on a 50 Mbit origin
+    book = CapacityBook()
+    eight = [f"n{i}" for i in range(8)]
+    _report(book, eight, down=18, up=10, peers=6, backlog=F, s3=0)
+    _report(book, ["n3"], down=146, up=28, peers=40, backlog=F, s3=8)
+    book.update("s0", "ih", F, down_peak=0, up_peak=90 * MBIT, peers=0, complete=True)
+    book.update("s1", "ih", F, down_peak=0, up_peak=90 * MBIT, peers=0, complete=True)
+    assert book.allocation("ih", 20 * MBIT, readers=9, now=0.0) is None
+    assert book.allocation("ih", 20 * MBIT, readers=9, now=BACKLOG_WARMUP) is None
 
 
 def test_a_few_fast_readers_do_not_make_all() -> None:
