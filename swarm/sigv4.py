@@ -11,9 +11,9 @@ the environment, the first link of every SDK's chain, are read here; any other s
 
 The signature is the same as awscrt's for the same request and time (the unit test
 compares them): S3's flavour, with the path signed as sent (no double encoding, no
-normalising), an unsigned-payload-free GET (the body hash of an empty body), and the
-headers given plus ``host``, ``x-amz-date``, ``x-amz-content-sha256`` and, with a
-session token, ``x-amz-security-token``.
+normalising), the SHA-256 of an empty body as the payload hash (a GET has none), and
+the headers given plus ``x-amz-date``, ``x-amz-content-sha256`` and, with a session
+token, ``x-amz-security-token``.
 """
 
 from __future__ import annotations
