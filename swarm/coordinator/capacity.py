@@ -47,20 +47,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
+from swarm.coordinator.links import Link, links_filled_by_s3, snapshot
 from swarm.coordinator.planstate import drop_artifacts
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_PERIOD: Final = 1.0
 """Seconds an artifact's allocation is reused before it is recomputed from the book."""
-
-LINK_SHARE: Final = 0.8
-"""A reader getting less than this share of the nodes' download capacity (the median of
-their peaks) from S3 is limited by S3, whatever peers give."""
-
-S3_AS_FAST: Final = 1.0
-"""S3 counts as unlimited while a reader gets at least this multiple of what the swarm
-gives a node (medians)."""
 
 PEERS_WARMUP: Final = 2.0
 """Seconds of peer traffic before the book allocates. In the first seconds of a
@@ -74,7 +67,7 @@ object; waiting costs two seconds of stripes, which read distinct pieces at full
 BACKLOG_WARMUP: Final = 1.0
 """Seconds of peer traffic that are enough once S3 has filled the nodes' links (the
 median node's S3 peak is :data:`LINK_SHARE` of its download peak) while peers held a
-backlog for every fetching node (:attr:`_Link.upload_bound`): peers had more to send
+backlog for every fetching node (:attr:`Link.upload_bound`): peers had more to send
 than the link took besides S3, so the link shows as full. s3-fast's fleet had backlogs
 of 100 MB per node and S3 peaks at 90% of the links a second after its peers began, and
 waited one more second for its ALL, every node meanwhile reading WIDE through
@@ -113,14 +106,6 @@ ORIGIN_WINDOW: Final = 1.0
 """Nodes whose S3 rates were reported within this many seconds read S3 together (one
 report interval)."""
 
-TOGETHER_SHARE: Final = 0.5
-"""S3 fed every link (:func:`fed_every_link`) only if the nodes' S3 rates at once summed
-to at least this share of all their links: a node each at full speed one after another
-is not an origin that feeds them all. Not :data:`LINK_SHARE`: the rates are one
-interval's counters of whole pieces, and stripes that start a little apart overlap in
-part (s3-fast's origin is exactly six links)."""
-
-
 SPARE_SHARE: Final = 0.5
 """Under a MIX allocation, nodes with nothing else to read from S3 fill from it while
 its readers of the moment take less than this share of it (:meth:`CapacityBook.origin_spare`)."""
@@ -133,22 +118,9 @@ its share at once and for good, and a share that one snapshot's noise brought
 
 
 @dataclass
-class _Link:
-    down: float
-    up: float
-    """Upload capacity (see the module docstring)."""
-    peers: float
-    """The node's current download rate from peers."""
-    upload_bound: bool = False
-    """Peers have held a backlog for the node (its upload peak is a capacity)."""
-    s3: float = 0.0
-    """The most S3 gave the node over one report interval."""
-
-
-@dataclass
 class _Artifact:
     size: int
-    links: dict[str, _Link] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
     complete: dict[str, float] = field(default_factory=dict)
     """Upload capacity of nodes that hold the whole artifact (seeders)."""
     allocation: Allocation | None = None
@@ -245,7 +217,7 @@ class CapacityBook:
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
             )
             up = up_peak if shown else max(up_peak, down_peak)
-            art.links[node] = _Link(down_peak, up, peers, shown, s3_peak)
+            art.links[node] = Link(down_peak, up, peers, shown, s3_peak)
 
     def note_origin(self, info_hash: str, aggregate: float) -> None:
         """What S3 gives its readers together now (bytes/s), for the origin's peak."""
@@ -317,7 +289,7 @@ class CapacityBook:
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         exchanged = now - art.peers_since if art.peers_since is not None else -math.inf
-        warm = BACKLOG_WARMUP if _links_filled_by_s3(art.links.values()) else PEERS_WARMUP
+        warm = BACKLOG_WARMUP if links_filled_by_s3(art.links.values()) else PEERS_WARMUP
         snap = snapshot(
             art.size,
             art.links.values(),
@@ -436,16 +408,6 @@ class CapacityBook:
             del self._artifacts[info_hash]
 
 
-def _links_filled_by_s3(links: Iterable[_Link]) -> bool:
-    """Peers have held a backlog for every fetching node, and S3 gave the median node
-    :data:`LINK_SHARE` of its download peak: the links are full (see
-    :data:`BACKLOG_WARMUP`)."""
-    fetching = [link for link in links if link.down > 0]
-    if not fetching or not all(link.upload_bound for link in fetching):
-        return False
-    return statistics.median(link.s3 / link.down for link in fetching) >= LINK_SHARE
-
-
 def _withdraw(art: _Artifact, node: str, recent: float) -> None:
     """Take ``node``'s S3 rate out of the window's sum if it was reported since
     ``recent`` (older ones have left it already)."""
@@ -475,83 +437,3 @@ def _measure_afresh(art: _Artifact, now: float) -> None:
     art.s3_base = dict(art.s3_bytes)
     art.measured_since = now
     art.all_taken_back = True
-
-
-def snapshot(
-    size: int,
-    links: Iterable[_Link],
-    seeders: Iterable[float],
-    s3_per_reader: float | None,
-    readers: int,
-    origin_rate: float | None = None,
-    swarm_shown: bool = True,
-    origin_peak: float = 0.0,
-    together: float = 0.0,
-    all_taken_back: bool = False,
-) -> Snapshot | None:
-    """The snapshot to allocate from, or None while the rates cannot tell yet.
-    ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
-    something); ``origin_peak``: the most S3 gave its readers together so far;
-    ``together``: the most the nodes' S3 rates of one interval summed to;
-    ``all_taken_back``: S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
-    fetching = [link for link in links if link.down > 0]
-    if not fetching or not swarm_shown:
-        return None
-    down = statistics.median(link.down for link in fetching)
-    # What peers deliver was uploaded by someone: a floor for the fleet's uploads where
-    # a node's counter is missing or lags (seeders' part aside). Taken too low, upload
-    # capacity makes S3 look like the only source, and every node would read it all.
-    up = max(
-        statistics.fmean(link.up for link in fetching),
-        statistics.fmean(link.peers for link in fetching),
-    )
-    if origin_rate is not None:
-        origin = origin_rate
-    elif fed_every_link(fetching, down, together):
-        # S3 has filled the nodes' links, all at once (the stripes of a same-region
-        # bucket): it feeds the fleet at link speed, whatever a reader gets now that
-        # peers share its downlink
-        origin = math.inf
-    elif all_taken_back:
-        # S3 slowed under ALL: what the origin gave the fleet since, measured afresh
-        # (the per-reader estimate remembers the fast S3 for tens of seconds, and a
-        # reader's rate over its busy seconds overstates a slow S3: the direct shares it
-        # planned had every node read the pieces nobody held through the throttled
-        # origin at once)
-        if origin_peak <= 0:
-            return None
-        origin = origin_peak
-    elif not s3_per_reader or s3_per_reader <= 0:
-        return None
-    elif s3_per_reader < LINK_SHARE * down:
-        # a reader gets well below what nodes have shown they can take: S3 is the limit
-        origin = max(s3_per_reader * max(1, readers), origin_peak)
-    elif s3_per_reader >= S3_AS_FAST * statistics.median(
-        link.peers for link in fetching
-    ) and s3_per_reader * readers >= LINK_SHARE * down * len(fetching):
-        # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
-        # warm-up, so the peaks include what they gave) and gives at least what peers
-        # give, nothing included (every node went WIDE on its own, or reads S3 alone
-        # under ALL): S3 is the faster source, and ALL spares the nodes the swarm's CPU.
-        # Only if it did so for as many readers as there are fetching nodes: two readers
-        # at link speed say nothing of eight (the mixed fleet's origin, 400 Mbit for 8
-        # nodes of 300, gave its last readers their link, and ALL then had all 8 read
-        # everything: origin 6-7 F, 3 x T*).
-        origin = math.inf
-    else:
-        origin = max(s3_per_reader * max(1, readers), origin_peak)
-    return Snapshot(size, len(fetching), down, up, origin, sum(seeders))
-
-
-def fed_every_link(links: list[_Link], down: float, together: float) -> bool:
-    """S3 has filled the fetching nodes' links, at once: for most nodes the most it gave
-    over one interval is at least :data:`LINK_SHARE` of the node's download peak (which
-    peers have had their warm-up to raise), and the nodes' rates at once summed to
-    :data:`TOGETHER_SHARE` of their links. Where the origin is the bottleneck a reader
-    gets a fraction of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for 8 of
-    300: a sixth), except the one that read alone for a moment; the median leaves it
-    out."""
-    if not links or down <= 0:
-        return False
-    filled = statistics.median(link.s3 / link.down for link in links)
-    return filled >= LINK_SHARE and together >= TOGETHER_SHARE * down * len(links)

@@ -1,0 +1,139 @@
+"""A node's link estimates, and the capacity snapshot the allocator plans from.
+
+:class:`~swarm.coordinator.capacity.CapacityBook` keeps one :class:`Link` per fetching
+node from its reports; :func:`snapshot` turns them into the allocator's input
+(:class:`~swarm.coordinator.allocate.Snapshot`), deciding whether S3 counts as
+unlimited (see the book's module docstring for why each estimate is what it is). Pure:
+no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from swarm.coordinator.allocate import Snapshot
+
+LINK_SHARE: Final = 0.8
+"""A reader getting less than this share of the nodes' download capacity (the median of
+their peaks) from S3 is limited by S3, whatever peers give."""
+
+S3_AS_FAST: Final = 1.0
+"""S3 counts as unlimited while a reader gets at least this multiple of what the swarm
+gives a node (medians)."""
+
+TOGETHER_SHARE: Final = 0.5
+"""S3 fed every link (:func:`fed_every_link`) only if the nodes' S3 rates at once summed
+to at least this share of all their links: a node each at full speed one after another
+is not an origin that feeds them all. Not :data:`LINK_SHARE`: the rates are one
+interval's counters of whole pieces, and stripes that start a little apart overlap in
+part (s3-fast's origin is exactly six links)."""
+
+
+@dataclass
+class Link:
+    """One fetching node's link, as its reports have shown it (bytes/s)."""
+
+    down: float
+    """Download capacity: the peak of its total download rate."""
+    up: float
+    """Upload capacity (see :mod:`swarm.coordinator.capacity`'s docstring)."""
+    peers: float
+    """The node's current download rate from peers."""
+    upload_bound: bool = False
+    """Peers have held a backlog for the node (its upload peak is a capacity)."""
+    s3: float = 0.0
+    """The most S3 gave the node over one report interval."""
+
+
+def links_filled_by_s3(links: Iterable[Link]) -> bool:
+    """Peers have held a backlog for every fetching node, and S3 gave the median node
+    :data:`LINK_SHARE` of its download peak: the links are full (see
+    :data:`BACKLOG_WARMUP`)."""
+    fetching = [link for link in links if link.down > 0]
+    if not fetching or not all(link.upload_bound for link in fetching):
+        return False
+    return statistics.median(link.s3 / link.down for link in fetching) >= LINK_SHARE
+
+
+def snapshot(
+    size: int,
+    links: Iterable[Link],
+    seeders: Iterable[float],
+    s3_per_reader: float | None,
+    readers: int,
+    origin_rate: float | None = None,
+    swarm_shown: bool = True,
+    origin_peak: float = 0.0,
+    together: float = 0.0,
+    all_taken_back: bool = False,
+) -> Snapshot | None:
+    """The snapshot to allocate from, or None while the rates cannot tell yet.
+    ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
+    something); ``origin_peak``: the most S3 gave its readers together so far;
+    ``together``: the most the nodes' S3 rates of one interval summed to;
+    ``all_taken_back``: S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
+    fetching = [link for link in links if link.down > 0]
+    if not fetching or not swarm_shown:
+        return None
+    down = statistics.median(link.down for link in fetching)
+    # What peers deliver was uploaded by someone: a floor for the fleet's uploads where
+    # a node's counter is missing or lags (seeders' part aside). Taken too low, upload
+    # capacity makes S3 look like the only source, and every node would read it all.
+    up = max(
+        statistics.fmean(link.up for link in fetching),
+        statistics.fmean(link.peers for link in fetching),
+    )
+    if origin_rate is not None:
+        origin = origin_rate
+    elif fed_every_link(fetching, down, together):
+        # S3 has filled the nodes' links, all at once (the stripes of a same-region
+        # bucket): it feeds the fleet at link speed, whatever a reader gets now that
+        # peers share its downlink
+        origin = math.inf
+    elif all_taken_back:
+        # S3 slowed under ALL: what the origin gave the fleet since, measured afresh
+        # (the per-reader estimate remembers the fast S3 for tens of seconds, and a
+        # reader's rate over its busy seconds overstates a slow S3: the direct shares it
+        # planned had every node read the pieces nobody held through the throttled
+        # origin at once)
+        if origin_peak <= 0:
+            return None
+        origin = origin_peak
+    elif not s3_per_reader or s3_per_reader <= 0:
+        return None
+    elif s3_per_reader < LINK_SHARE * down:
+        # a reader gets well below what nodes have shown they can take: S3 is the limit
+        origin = max(s3_per_reader * max(1, readers), origin_peak)
+    elif s3_per_reader >= S3_AS_FAST * statistics.median(
+        link.peers for link in fetching
+    ) and s3_per_reader * readers >= LINK_SHARE * down * len(fetching):
+        # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
+        # warm-up, so the peaks include what they gave) and gives at least what peers
+        # give, nothing included (every node went WIDE on its own, or reads S3 alone
+        # under ALL): S3 is the faster source, and ALL spares the nodes the swarm's CPU.
+        # Only if it did so for as many readers as there are fetching nodes: two readers
+        # at link speed say nothing of eight (the mixed fleet's origin, 400 Mbit for 8
+        # nodes of 300, gave its last readers their link, and ALL then had all 8 read
+        # everything: origin 6-7 F, 3 x T*).
+        origin = math.inf
+    else:
+        origin = max(s3_per_reader * max(1, readers), origin_peak)
+    return Snapshot(size, len(fetching), down, up, origin, sum(seeders))
+
+
+def fed_every_link(links: list[Link], down: float, together: float) -> bool:
+    """S3 has filled the fetching nodes' links, at once: for most nodes the most it gave
+    over one interval is at least :data:`LINK_SHARE` of the node's download peak (which
+    peers have had their warm-up to raise), and the nodes' rates at once summed to
+    :data:`TOGETHER_SHARE` of their links. Where the origin is the bottleneck a reader
+    gets a fraction of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for 8 of
+    300: a sixth), except the one that read alone for a moment; the median leaves it
+    out."""
+    if not links or down <= 0:
+        return False
+    filled = statistics.median(link.s3 / link.down for link in links)
+    return filled >= LINK_SHARE and together >= TOGETHER_SHARE * down * len(links)
