@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
-from swarm.coordinator.links import Link, links_filled_by_s3, snapshot
+from swarm.coordinator.links import Link, snapshot
 from swarm.coordinator.planstate import drop_artifacts
 
 log = logging.getLogger(__name__)
@@ -63,19 +63,6 @@ give: an origin at 100 Mbit for 4 nodes looked "as fast as the link and the swar
 every node read the whole object) or, a second later, as having spare capacity (MIX:
 half of every node's bytes read again). Being wrong that way costs up to N reads of the
 object; waiting costs two seconds of stripes, which read distinct pieces at full width."""
-
-BACKLOG_WARMUP: Final = 1.0
-"""Seconds of peer traffic that are enough once S3 has filled the nodes' links (the
-median node's S3 peak is :data:`LINK_SHARE` of its download peak) while peers held a
-backlog for every fetching node (:attr:`Link.upload_bound`): peers had more to send
-than the link took besides S3, so the link shows as full. s3-fast's fleet had backlogs
-of 100 MB per node and S3 peaks at 90% of the links a second after its peers began, and
-waited one more second for its ALL, every node meanwhile reading WIDE through
-libtorrent and exchanging with its peers. Backlogs alone are no sign: beside seeders
-every node has one from the start, and a second in, the new nodes' peaks (0.5-2.7 MB/s,
-peers still ramping up) made a 50 Mbit origin look like the links' match: ALL, and the
-existing-seeders fleet read from it alone for ten seconds (21-24 s against 10)."""
-
 
 BACKLOG_SECONDS: Final = 1.0
 """Peers hold at least this many seconds of a node's download capacity that it lacks:
@@ -288,8 +275,6 @@ class CapacityBook:
             _measure_afresh(art, now)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
-        exchanged = now - art.peers_since if art.peers_since is not None else -math.inf
-        warm = BACKLOG_WARMUP if links_filled_by_s3(art.links.values()) else PEERS_WARMUP
         snap = snapshot(
             art.size,
             art.links.values(),
@@ -297,7 +282,7 @@ class CapacityBook:
             s3_per_reader,
             readers,
             self.origin_rate,
-            swarm_shown=exchanged >= warm,
+            swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
             origin_peak=art.origin_peak,
             together=art.together,
             all_taken_back=art.all_taken_back,

@@ -49,16 +49,6 @@ class Link:
     """The most S3 gave the node over one report interval."""
 
 
-def links_filled_by_s3(links: Iterable[Link]) -> bool:
-    """Peers have held a backlog for every fetching node, and S3 gave the median node
-    :data:`LINK_SHARE` of its download peak: the links are full (see
-    :data:`BACKLOG_WARMUP`)."""
-    fetching = [link for link in links if link.down > 0]
-    if not fetching or not all(link.upload_bound for link in fetching):
-        return False
-    return statistics.median(link.s3 / link.down for link in fetching) >= LINK_SHARE
-
-
 def snapshot(
     size: int,
     links: Iterable[Link],

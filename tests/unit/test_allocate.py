@@ -9,7 +9,6 @@ import pytest
 from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
 from swarm.coordinator.capacity import (
     ALL_PROOF,
-    BACKLOG_WARMUP,
     DIRECT_HOLD,
     ORIGIN_WINDOW,
     PEERS_WARMUP,
@@ -159,37 +158,6 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     # recomputed at most once a second; departed nodes leave the book
     book2.forget([f"n{i}" for i in range(8)])
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP + 5.0) is None
-
-
-def test_backlogs_for_every_node_shorten_the_warm_up() -> None:
-    """s3-fast: a second after peers began, every node lacked some 100 MB that peers
-    held, and S3 still filled its link: the allocation (ALL) comes then. Without such
-    backlogs (an origin that trickles pieces out) it waits for the whole warm-up."""
-    assert BACKLOG_WARMUP < PEERS_WARMUP
-    six = [f"n{i}" for i in range(6)]
-    for backlog in (100 << 20, 0):
-        book = CapacityBook()
-        _report(book, six, down=250, up=250, peers=10, backlog=backlog, s3=240)
-        assert book.allocation("ih", 240 * MBIT, readers=6, now=0.0) is None  # peers begin
-        plan = book.allocation("ih", 240 * MBIT, readers=6, now=BACKLOG_WARMUP)
-        if backlog:
-            assert plan is not None and plan.mode is Mode.ALL
-        else:
-            assert plan is None
-            plan = book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP)
-            assert plan is not None and plan.mode is Mode.ALL
-    # existing-seeders a second after its peers began: every node had a backlog (the
-    # seeders hold everything), their peaks were peers ramping up (4-22 Mbit) and S3's
-    # fills next to nothing; the remembered per-reader S3 rate (20 Mbit, from the
-    # seeders' own fetch) then looked like the links' match: ALL on a 50 Mbit origin
-    book = CapacityBook()
-    eight = [f"n{i}" for i in range(8)]
-    _report(book, eight, down=18, up=10, peers=6, backlog=F, s3=0)
-    _report(book, ["n3"], down=146, up=28, peers=40, backlog=F, s3=8)
-    book.update("s0", "ih", F, down_peak=0, up_peak=90 * MBIT, peers=0, complete=True)
-    book.update("s1", "ih", F, down_peak=0, up_peak=90 * MBIT, peers=0, complete=True)
-    assert book.allocation("ih", 20 * MBIT, readers=9, now=0.0) is None
-    assert book.allocation("ih", 20 * MBIT, readers=9, now=BACKLOG_WARMUP) is None
 
 
 def test_a_few_fast_readers_do_not_make_all() -> None:
