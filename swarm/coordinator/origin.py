@@ -37,7 +37,6 @@ from swarm.coordinator.capacity import CapacityBook
 from swarm.coordinator.planstate import Commit, MemoryPlanState, PlanState
 from swarm.coordinator.rates import STARVED_SHARE, NodeRates, update_rates
 from swarm.policy import (
-    FILL_RATIO,
     HOLD_SECONDS,
     MixState,
     Mode,
@@ -313,14 +312,15 @@ class StripePlanner:
         estimate: float | None,
     ) -> bool:
         """Whether the origin idles for want of readers, so that a node with no stripe
-        left fills from it (one rare piece a GET), whatever :func:`may_fill` says:
+        left fills from it (one rare piece a GET):
 
         - before an allocation, seeders hold the artifact and no other node reads a
           stripe or WIDE (``readers``): the origin has nothing to give that only it has.
           Existing seeders: 9.0-10.7 s against 9.6-12.1 in five alternating pairs. Not
           without seeders: there the stripes of a small object can end before the
           allocation, on an origin that is the bottleneck, and fills would send pieces
-          twice. Nor once its peers deliver ``FILL_RATIO`` times what S3 gives a reader:
+          twice. Nor once S3's rate is known and :func:`may_fill` says no (peers deliver
+          ``FILL_RATIO`` times what S3 gives a reader):
           CI's late node beside two seeders on loopback read 9 of 24 pieces from S3 one
           GET at a time while the seeders sent all 24;
         - under MIX, the nodes' S3 rates of the moment use under half the origin the
@@ -329,11 +329,12 @@ class StripePlanner:
           0 MB/s for 0.8 s and under 35 of 50 for 2 s more while the uploads were the
           bottleneck."""
         if allocation is None:
-            peers_fast = estimate is not None and delivered >= FILL_RATIO * estimate
+            # the peers' rate against S3's as for any fill, once S3's rate is known
+            peers_slow = estimate is None or may_fill(delivered, estimate)
             return (
                 self.capacity.has_seeders(info_hash)
                 and all(n == node for n in readers)
-                and not peers_fast
+                and peers_slow
             )
         return allocation.mode is AllocationMode.MIX and self.capacity.origin_spare(info_hash)
 
