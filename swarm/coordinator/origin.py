@@ -63,13 +63,24 @@ STALL_INTERVALS: Final = 2.0
 """...or for this many report intervals, if longer: at a 5 s interval the coordinator
 sees a stripe's progress only every 5 s, and a working reader must not lose it."""
 
-EAGER_WIDE_SECONDS: Final = 2.0
+EAGER_WIDE_SECONDS: Final = 3.0
 """A node with no stripe before the fleet's first allocation widens at once (no
 :data:`~swarm.policy.HOLD_SECONDS`) when it lacks at least this many seconds of S3's
 per-reader rate: waiting a hold to see what peers give it then costs the idle origin
-more than the pieces it may read twice. A small object is left to the hold (CI's
-origin-bound fleet: 16 MiB, each node lacking 8 MiB, 1-1.3 s of S3's rate, which peers
-then relayed at link speed)."""
+more than the pieces it may read twice (slow-uploads: 7 s of it lacking; s3-fast:
+3.5). A small object is left to the hold: CI's origin-bound fleet (16 MiB, a reader
+lacking 8 MiB at its stripe's end, 2 s of its S3 peak of 4.2 MB/s) widened at 2 s and
+its origin sent 1.39 F; peers relay those pieces at link speed."""
+
+PEERS_CHANCE_SECONDS: Final = 3.0
+"""Before an allocation, a node that has read nothing from the origin, beside seeders or
+while other nodes read their stripes, widens only after its peers were slow this long
+(not :data:`~swarm.policy.HOLD_SECONDS`): what it lacks is held by peers or on its way
+from a busy origin, and its peers' first second or two is connecting. CI's late node
+beside two seeders on loopback got one piece in its first two reports, widened, and read
+12 of 24 pieces from S3 that the seeders sent too (2 runs in 15); in CI's origin-bound
+fleet a node that started last had nothing from peers 1.3 s in, widened, and the origin
+sent 1.74 F. A node whose peers never answer still widens, three seconds later."""
 
 DEFAULT_MAX_READERS: Final = 16
 """Nodes reading the origin at once. 16 x 2 ranges in flight stays far below S3's
@@ -230,17 +241,37 @@ class StripePlanner:
         # Much of the object left before an allocation, while the origin has nothing
         # only it has: the hold (one to two reports) left slow-uploads' origin idle
         # 1.5-2.7 s between its stripes and its first allocation, every node waiting on
-        # peers that gave it 2.5 MB/s against S3's 17-30.
+        # peers that gave it 2.5 MB/s against S3's 17-30. "Much" is against the most S3
+        # gave this node in an interval, if more than the estimate: the estimate is an
+        # average of a second or two of reads, and on it CI's origin-bound readers (8 of
+        # 16 MiB lacking, read at 6-7 MB/s, an estimate of 2.3) widened at their
+        # stripes' end.
         # Not among seeders: they hold every piece, and a late node on a LAN widened at
         # once read 5-10 of 24 pieces from S3 that they sent it too (CI's late-node test
         # failed one run in two).
+        # Nor for a node that has read nothing from the origin while others read their
+        # stripes (its peers get PEERS_CHANCE_SECONDS, as beside seeders): CI's
+        # origin-bound fleet, two of four nodes holding the 16 MiB between their
+        # stripes, the other two widened at once and the origin sent 1.6-1.7 F.
+        among_seeders = self.capacity.has_seeders(info_hash)
+        waits_on_peers = (
+            before_allocation
+            and counters.get("s3", 0) == 0
+            and (among_seeders or any(n != node for n in s3))
+        )
         eager = (
             before_allocation
             and estimate is not None
-            and lacking >= estimate * EAGER_WIDE_SECONDS
-            and not self.capacity.has_seeders(info_hash)
+            and lacking >= max(estimate, rates.s3_peak) * EAGER_WIDE_SECONDS
+            and not among_seeders
+            and not waits_on_peers
         )
-        hold = 0.0 if eager and node not in s3 else HOLD_SECONDS
+        if eager and node not in s3:
+            hold = 0.0
+        elif waits_on_peers:
+            hold = PEERS_CHANCE_SECONDS
+        else:
+            hold = HOLD_SECONDS
         state = decide(view.mode or MixState(), delivered, estimate, work, now, hold)
         starved = stalled or 0.0 <= rates.received_now < STARVED_SHARE * rates.down_peak
         if state.mode is Mode.WIDE and not starved and not before_allocation:

@@ -14,7 +14,7 @@ from swarm.agent.hybrid import (
     wide_pieces,
 )
 from swarm.coordinator.capacity import PEERS_WARMUP
-from swarm.coordinator.origin import StripePlanner
+from swarm.coordinator.origin import PEERS_CHANCE_SECONDS, StripePlanner
 from swarm.coordinator.planstate import bits
 from swarm.coordinator.rates import MIN_PEAK_INTERVAL, update_rates
 from swarm.policy import (
@@ -259,6 +259,45 @@ def test_among_seeders_a_late_node_does_not_widen_at_once():
     for now, peers in ((2.0, 0), (2.5, MiB)):  # within the hold (peers may be slow later)
         late = _plan(planner, "l", count=24, now=now, peers=peers)
         assert late.mode is not Mode.WIDE and not late.stripe, now
+
+
+def test_among_seeders_a_late_node_gives_its_peers_seconds_before_it_widens():
+    """CI's late node on loopback got one piece from two seeders in its first two
+    reports and widened after the usual hold: 12 of 24 pieces read from S3 that the
+    seeders sent too. Among seeders the hold is PEERS_CHANCE_SECONDS; a node whose
+    seeders never answer still widens once it has passed."""
+    planner = StripePlanner(stripe_bytes=16 * MiB)
+    _plan(planner, "s", count=24, now=0.0)
+    _plan(planner, "s", count=24, held=(1 << 16) - 1, now=1.0, s3=16 * MiB)
+    _plan(planner, "s", count=24, held=(1 << 24) - 1, complete=True, now=1.5, s3=24 * MiB)
+    late = None
+    for now in (2.0, 3.0, 4.0, 4.9):  # one piece, then nothing: slow for 2.9 s
+        late = _plan(planner, "l", count=24, held=1, now=now, peers=MiB)
+        assert late.mode is not Mode.WIDE, now
+    assert PEERS_CHANCE_SECONDS > 2 * HOLD_SECONDS
+    for now in (5.5, 6.0):
+        late = _plan(planner, "l", count=24, held=1, now=now, peers=MiB)
+    assert late is not None and late.mode is Mode.WIDE
+
+
+def test_a_node_without_a_stripe_does_not_widen_at_once_while_others_read_theirs():
+    """CI's origin-bound fleet (4 nodes, 16 MiB, origin 100 Mbit): two stripes of 8 MiB
+    cover the object; the other two nodes, with nothing from peers yet and the first
+    reports' low S3 estimate, lacked 'two seconds of S3' and widened at once: the origin
+    sent 1.6-1.7 F; one that started last had nothing from peers 1.3 s in and widened
+    after the hold (1.74 F). What they lack is on its way from the busy origin."""
+    planner = StripePlanner(stripe_bytes=8 * MiB)
+    assert _plan(planner, "a", count=16, now=0.0).stripe
+    assert _plan(planner, "b", count=16, now=0.0).stripe
+    assert not _plan(planner, "c", count=16, now=0.0).stripe
+    assert not _plan(planner, "d", count=16, now=0.0).stripe
+    # a and b read 3 MiB in their first second (an EMA of under 1 MB/s)
+    _plan(planner, "a", count=16, held=0b111, now=1.0, s3=3 * MiB)
+    _plan(planner, "b", count=16, held=0b111 << 8, now=1.0, s3=3 * MiB)
+    for now in (1.05, 1.6, 2.2):  # nor after the usual hold: their peers are connecting
+        for node in "cd":
+            plan = _plan(planner, node, count=16, now=now)
+            assert plan.mode is Mode.STRIPE, (node, now)
 
 
 def test_a_swarm_that_stops_sending_widens_the_node_at_once():
