@@ -175,11 +175,13 @@ def read_origin(
         # brings them: a peer's copy would arrive too, half of it (redundant bytes on the
         # downlink; blocks already requested still come, no new ones are asked for). So
         # is a fill's one piece: CI's late node beside two seeders had all 24 pieces from
-        # them and 9 of those from S3 too. Not in WIDE, which the origin-bound fleet sees
-        # too: there a peer that brings a piece first cuts the GET short, and held back,
-        # CI's origin-bound fleet read a WIDE batch of all 16 pieces from S3 (1.51 F).
+        # them and 9 of those from S3 too. So is a WIDE batch's: WIDE means peers give
+        # under half what S3 gives (s3-fast: 6.00-6.25 s against 6.18-7.58 in three
+        # pairs, peers' and S3's bytes 103-107% of the file against 108-124%). Held back
+        # once before, CI's origin-bound fleet read a whole WIDE batch from S3 (1.51 F);
+        # that WIDE was a mistake of its own, gone since (PEERS_CHANCE_SECONDS).
         room = planned and (
-            batch.kind in (BatchKind.ALL, BatchKind.FILL)
+            batch.kind in (BatchKind.ALL, BatchKind.FILL, BatchKind.WIDE)
             or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
         )
         held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
