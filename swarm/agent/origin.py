@@ -118,12 +118,13 @@ def read_origin(
 
     @functools.cache
     def s3_is_far() -> bool:
-        """S3 is in another region (its round trip, measured once when a plan says ALL)."""
+        """S3 is in another region (its round trip, measured once, when a plan first says
+        ALL or a planned batch would be held back from peers)."""
         rtt = s3_round_trip(client)
         if rtt is None or not s3_far(rtt):
             return False
-        log.info("S3 is %.0f ms away: ALL plans are for nodes near it; own policy here",
-                 rtt * 1e3)  # fmt: skip
+        log.info("S3 is %.0f ms away: ALL plans are for nodes near it (own policy here), "
+                 "and its reads hold nothing back from peers", rtt * 1e3)  # fmt: skip
         return True
 
     def retrying(reason: str | None) -> None:
@@ -179,10 +180,17 @@ def read_origin(
         # under half what S3 gives (s3-fast: 6.00-6.25 s against 6.18-7.58 in three
         # pairs, peers' and S3's bytes 103-107% of the file against 108-124%). Held back
         # once before, CI's origin-bound fleet read a whole WIDE batch from S3 (1.51 F);
-        # that WIDE was a mistake of its own, gone since (PEERS_CHANCE_SECONDS).
-        room = planned and (
-            batch.kind in (BatchKind.ALL, BatchKind.FILL, BatchKind.WIDE)
-            or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
+        # that WIDE was a mistake of its own, gone since (PEERS_CHANCE_SECONDS). Nothing
+        # is held back where S3 is far: across 100 ms and 0.5% loss, held-back pieces of
+        # a WIDE batch or a direct share kept far-region's nodes waiting 9-17 s on S3
+        # (and a run timed out) while peers and UDP held them.
+        room = (
+            planned
+            and (
+                batch.kind in (BatchKind.ALL, BatchKind.FILL, BatchKind.WIDE)
+                or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
+            )
+            and not s3_is_far()
         )
         held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
         artifact.s3_busy.start()
