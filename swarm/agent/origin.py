@@ -176,18 +176,18 @@ def read_origin(
         # brings them: a peer's copy would arrive too, half of it (redundant bytes on the
         # downlink; blocks already requested still come, no new ones are asked for). So
         # is a fill's one piece: CI's late node beside two seeders had all 24 pieces from
-        # them and 9 of those from S3 too. So is a WIDE batch's: WIDE means peers give
-        # under half what S3 gives (s3-fast: 6.00-6.25 s against 6.18-7.58 in three
-        # pairs, peers' and S3's bytes 103-107% of the file against 108-124%). Held back
-        # once before, CI's origin-bound fleet read a whole WIDE batch from S3 (1.51 F);
-        # that WIDE was a mistake of its own, gone since (PEERS_CHANCE_SECONDS). Nothing
-        # is held back where S3 is far: across 100 ms and 0.5% loss, held-back pieces of
-        # a WIDE batch or a direct share kept far-region's nodes waiting 9-17 s on S3
+        # them and 9 of those from S3 too. Not a WIDE batch's: held back, a WIDE batch
+        # waits on S3 whatever it gives. CI's S3-slows fleet (ALL taken back as the
+        # origin fell to 3 Mbit) then timed out at 240 s, every node's WIDE batch held
+        # back from every other; and CI's origin-bound fleet once read a whole WIDE
+        # batch from S3 (1.51 F). Unheld, a peer that brings a piece first cuts the GET
+        # short. Nothing is held back where S3 is far: across 100 ms and 0.5% loss,
+        # held-back pieces of a direct share kept far-region's nodes waiting 9-17 s on S3
         # (and a run timed out) while peers and UDP held them.
         room = (
             planned
             and (
-                batch.kind in (BatchKind.ALL, BatchKind.FILL, BatchKind.WIDE)
+                batch.kind in (BatchKind.ALL, BatchKind.FILL)
                 or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
             )
             and not s3_is_far()
