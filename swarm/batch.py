@@ -39,6 +39,26 @@ class Batch:
     """How many of ``pieces`` (the last ones) are the plan's direct share."""
 
 
+def kept_from_peers(batch: Batch, planned: bool) -> bool:
+    """Whether libtorrent should not fetch ``batch``'s pieces from peers while S3 brings
+    them (priority 0; blocks already requested still come): a peer's copy would arrive
+    too, half of it, redundant bytes on the downlink.
+
+    So for a plan's ALL (S3 feeds every node at link speed), a direct share (the
+    allocation found room on the origin) and a fill's one piece (CI's late node beside
+    two seeders had all 24 pieces from them and 9 of those from S3 too). Not for a WIDE
+    batch: held back, it waits on S3 whatever S3 gives. Kept from peers, CI's S3-slows
+    fleet (ALL taken back as the origin fell to 3 Mbit) timed out at 240 s and failed
+    again when the rule was restored to check; CI's origin-bound fleet once read a whole
+    WIDE batch from S3 (1.51 F). Unkept, a peer that brings a piece first cuts the GET
+    short. Nor for a stripe (pieces nobody else holds) or the node's own choice."""
+    if not planned:
+        return False
+    if batch.kind is BatchKind.STRIPE:
+        return batch.direct > 0
+    return batch.kind in (BatchKind.ALL, BatchKind.FILL)
+
+
 def all_missing(missing: Sequence[int]) -> Batch:
     return Batch(BatchKind.ALL, list(missing))
 

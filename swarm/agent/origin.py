@@ -23,7 +23,7 @@ from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.rtt import s3_round_trip
 from swarm.agent.udpchoice import s3_far
-from swarm.batch import Batch, BatchKind, all_missing, planned_batch
+from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
 from swarm.sources import PieceSink
@@ -171,27 +171,11 @@ def read_origin(
             stop = all_taken_back
         elif planned and batch.kind is BatchKind.WIDE:
             stop = all_given
-        # Where the coordinator's allocation gave this node a direct share of S3 (MIX: the
-        # origin has room) or ALL, the batch's pieces are held back from peers while S3
-        # brings them: a peer's copy would arrive too, half of it (redundant bytes on the
-        # downlink; blocks already requested still come, no new ones are asked for). So
-        # is a fill's one piece: CI's late node beside two seeders had all 24 pieces from
-        # them and 9 of those from S3 too. Not a WIDE batch's: held back, a WIDE batch
-        # waits on S3 whatever it gives. CI's S3-slows fleet (ALL taken back as the
-        # origin fell to 3 Mbit) then timed out at 240 s, every node's WIDE batch held
-        # back from every other; and CI's origin-bound fleet once read a whole WIDE
-        # batch from S3 (1.51 F). Unheld, a peer that brings a piece first cuts the GET
-        # short. Nothing is held back where S3 is far: across 100 ms and 0.5% loss,
-        # held-back pieces of a direct share kept far-region's nodes waiting 9-17 s on S3
-        # (and a run timed out) while peers and UDP held them.
-        room = (
-            planned
-            and (
-                batch.kind in (BatchKind.ALL, BatchKind.FILL)
-                or (batch.kind is BatchKind.STRIPE and batch.direct > 0)
-            )
-            and not s3_is_far()
-        )
+        # A planned batch's pieces are kept from peers while S3 brings them
+        # (swarm.batch.kept_from_peers says which), except where S3 is far: across 100 ms
+        # and 0.5% loss, held-back pieces of a direct share kept far-region's nodes
+        # waiting 9-17 s on S3 while peers and UDP held them.
+        room = kept_from_peers(batch, planned) and not s3_is_far()
         held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
         artifact.s3_busy.start()
         try:

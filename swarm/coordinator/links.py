@@ -62,10 +62,12 @@ def snapshot(
     all_taken_back: bool = False,
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
-    ``swarm_shown``: peers have exchanged for :data:`PEERS_WARMUP` (the rates mean
+    ``swarm_shown``: peers have exchanged for
+    :data:`~swarm.coordinator.capacity.PEERS_WARMUP` (the rates mean
     something); ``origin_peak``: the most S3 gave its readers together so far;
     ``together``: the most the nodes' S3 rates of one interval summed to;
-    ``all_taken_back``: S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
+    ``all_taken_back``: S3 slowed under ALL this cohort (see
+    :func:`~swarm.coordinator.capacity.s3_slowed`)."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
         return None

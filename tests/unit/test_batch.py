@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.batch import BatchKind, planned_batch
+from swarm.batch import Batch, BatchKind, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
 
 MISSING = list(range(10))
@@ -43,3 +43,15 @@ def test_wide_takes_the_stripe_then_a_bounded_batch_counted_as_direct() -> None:
     assert batch.pieces == [4, 5, 8, 3, 2] and batch.direct == 3
     everything = planned_batch(plan, MISSING, set(), AVAILABILITY, set(), 0)
     assert sorted(everything.pieces) == MISSING and everything.direct == 8
+
+
+def test_which_planned_batches_are_kept_from_peers() -> None:
+    """ALL, a fill and a direct share are kept from peers while S3 brings them; a WIDE
+    batch is not (kept, it waited on a throttled S3: CI's S3-slows fleet timed out), nor
+    a plain stripe, nor anything the node chose without a plan."""
+    assert kept_from_peers(Batch(BatchKind.ALL, [1, 2]), planned=True)
+    assert kept_from_peers(Batch(BatchKind.FILL, [3]), planned=True)
+    assert kept_from_peers(Batch(BatchKind.STRIPE, [4, 5, 8], direct=1), planned=True)
+    assert not kept_from_peers(Batch(BatchKind.STRIPE, [4, 5]), planned=True)
+    assert not kept_from_peers(Batch(BatchKind.WIDE, [4, 5, 8], direct=1), planned=True)
+    assert not kept_from_peers(Batch(BatchKind.ALL, [1, 2]), planned=False)

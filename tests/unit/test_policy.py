@@ -300,6 +300,20 @@ def test_a_node_without_a_stripe_does_not_widen_at_once_while_others_read_theirs
             assert plan.mode is Mode.STRIPE, (node, now)
 
 
+def test_a_reader_lacking_little_of_its_own_s3_rate_does_not_widen_at_its_stripes_end():
+    """CI's origin-bound fleet: a reader whose 8 MiB stripe ended read S3 at 4.2 MB/s,
+    while the estimate (an EMA of its first seconds) said about 2: the 8 MiB it lacked
+    looked like several seconds of S3 and it widened eagerly (1.39 F). Eagerness is
+    judged on the larger of the estimate and the node's own S3 peak."""
+    planner = StripePlanner(stripe_bytes=8 * MiB)
+    assert _plan(planner, "a", count=16, now=0.0).stripe == list(range(8))
+    assert _plan(planner, "b", count=16, now=0.0).stripe == list(range(8, 16))
+    _plan(planner, "a", count=16, held=0xF, now=1.0, s3=4 * MiB)
+    _plan(planner, "b", count=16, held=0x3 << 8, now=1.0, s3=2 * MiB)
+    a = _plan(planner, "a", count=16, held=0xFF, now=2.0, s3=8 * MiB)  # its stripe is done
+    assert not a.stripe and a.mode is Mode.STRIPE
+
+
 def test_a_swarm_that_stops_sending_widens_the_node_at_once():
     """The s3-fast fleet: a node got 21 MiB from peers in its first half second, then
     nothing for three seconds while its stripe was done and peers held what it lacked.
