@@ -71,6 +71,10 @@ REANNOUNCE_GAP = 2.0
 thousand nodes changes the membership at every report, and each change must not cost
 the tracker an announce per node (at most one per node every two seconds)."""
 
+BLOCKED_WAKE_GAP = 1.0
+"""Least seconds between reports sent early because the peer filter refused an unknown
+address (:meth:`Daemon.peer_blocked`)."""
+
 DAEMON_S3_ATTEMPTS = 3
 """The S3 client's own tries per call in the daemon: its retries are silent (eight of them
 with backoff hid a minute of 503s), the supervisor's show on the progress line."""
@@ -132,6 +136,8 @@ class Daemon:
         """Addresses the peer filter lets through (:meth:`take_members`)."""
         self._reannounce: threading.Timer | None = None
         self._reannounced_at = -math.inf
+        self._blocked_wake_at = -math.inf
+        self.session.on_blocked = self.peer_blocked
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
         """With a fleet secret: required on the local API, sent to the coordinator, and
@@ -432,6 +438,21 @@ class Daemon:
             self._admitted = allowed
             if added:
                 self._announce_soon()
+
+    def peer_blocked(self, ip: str) -> None:
+        """The peer filter refused ``ip``: most likely a node that joined since this
+        node's last report (members are learnt from report replies, one a second or
+        slower). Report now for the new list, at most every :data:`BLOCKED_WAKE_GAP`: a
+        member learnt is dialled by the announce it triggers (:meth:`take_members`).
+        far-region's seeders refused the four new nodes for up to a second after they
+        joined, until the seeders' next report, and the nodes' first UDP sessions (which
+        need a libtorrent connection to see a holder) waited on it."""
+        now = time.monotonic()
+        if now - self._blocked_wake_at < BLOCKED_WAKE_GAP:
+            return  # (a race of two alerts costs one more report: no lock)
+        self._blocked_wake_at = now
+        log.debug("peer filter refused %s: reporting for a fresh member list", ip)
+        self.wake_reporter()
 
     def _announce_soon(self) -> None:
         with self._lock:

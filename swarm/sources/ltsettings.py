@@ -92,6 +92,7 @@ def session_settings(
                 | lt.alert.category_t.piece_progress_notification
                 | lt.alert.category_t.tracker_notification
                 | lt.alert.category_t.peer_notification
+                | lt.alert.category_t.ip_block_notification  # see TorrentSession.on_blocked
             ),
             "alert_queue_size": 10000,
             "upload_rate_limit": upload_limit,

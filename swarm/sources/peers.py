@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,8 @@ files: milliseconds, even on a busy node)."""
 
 
 DEFAULT_PIECE_PRIORITY = 4
+IP_FILTER_REASON = 0
+"""``peer_blocked_alert.reason`` for the ip filter (libtorrent's ``reason_t::ip_filter``)."""
 """libtorrent's ``default_priority`` (the binding exports no name for it)."""
 
 
@@ -135,6 +138,9 @@ class TorrentSession:
         params.disk_io_constructor = DISK_IO
         self.session = lt.session(params)
         self.torrents: dict[str, TorrentState] = {}
+        self.on_blocked: Callable[[str], object] = lambda ip: None
+        """Called (in the alert thread) with the address of a peer connection the ip
+        filter (:meth:`admit_only`) refused: a new member this node has not heard of yet."""
         self._listen_port = 0
         self._lock = threading.Lock()
         self._running = True
@@ -412,6 +418,11 @@ class TorrentSession:
                 if state:
                     state.peer_hash_failures += 1
                 log.warning("piece %d failed its hash check", alert.piece_index)
+            return
+        if isinstance(alert, lt.peer_blocked_alert):
+            if alert.reason == IP_FILTER_REASON:
+                address = alert.ip  # (address, port), as for every peer alert
+                self.on_blocked(str(address[0] if isinstance(address, tuple) else address))
             return
         if isinstance(alert, lt.peer_ban_alert):
             state = self._state_of(alert.handle)

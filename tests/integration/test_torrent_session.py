@@ -76,3 +76,28 @@ def test_pieces_held_back_at_a_restart_are_wanted_again(tmp_path: Path) -> None:
         assert list(state.handle.get_piece_priorities()) == [4] * PIECES
     finally:
         second.close()
+
+
+def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> None:
+    # A node that joined since this one's last report is refused by its peer filter; the
+    # daemon reports at once on it (Daemon.peer_blocked) to learn the new member.
+    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
+    )
+    holder = TorrentSession("127.0.0.1", 0, tmp_path / "holder")
+    newcomer = TorrentSession("127.0.0.2", 0, tmp_path / "newcomer")
+    refused: list[str] = []
+    holder.on_blocked = refused.append
+    try:
+        holder.admit_only(["127.0.0.1"])  # the members it knows: itself
+        holder.add(manifest, src, [], seed_mode=True)
+        state = newcomer.add(manifest, tmp_path / "data.bin", [])
+        deadline = time.monotonic() + 10
+        while not refused and time.monotonic() < deadline:
+            state.handle.connect_peer(("127.0.0.1", holder.listen_port))
+            time.sleep(0.2)
+        assert refused and set(refused) == {"127.0.0.2"}
+    finally:
+        newcomer.close()
+        holder.close()
