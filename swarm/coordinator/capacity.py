@@ -81,12 +81,23 @@ pieces past libtorrent, the MIX in between had it take the same pieces from peer
 ALL_SLOWED: Final = 1 / 3
 """Under ALL (once it has stood :data:`ALL_PROOF`), S3 has slowed when the median
 fetching node gets less than this share of the most S3 ever gave it over one interval
-(the S3 peak that made ALL): throttled, or an origin another fleet now shares. ALL is
-taken back, and the origin's rates are measured afresh. Without this, a slowing S3 kept
-ALL for good: under ALL a node takes nothing from peers, its peaks are maxima, and
-they went on saying that S3 had filled every link. Not at a smaller slowdown: s3-fast's
-nodes get about half their stripes' rate under ALL (two cores for six nodes and MinIO),
-and peers would not do better there."""
+(the S3 peak that made ALL), and the fleet as a whole less than this share of the most
+the origin gave it on average (:func:`s3_slowed`): throttled, or an origin another
+fleet now shares. ALL is taken back, and the origin's rates are measured afresh.
+Without this, a slowing S3 kept ALL for good: under ALL a node takes nothing from peers,
+its peaks are maxima, and they went on saying that S3 had filled every link. Not at a
+smaller slowdown: s3-fast's nodes get about half their stripes' rate under ALL (two
+cores for six nodes and MinIO), and peers would not do better there. Not on the nodes'
+shares alone: a node's peak may be from a moment it read alone, and under ALL every
+node shares the origin. slow-uploads at a quarter of its rates (origin 250 Mbit, eight
+nodes of 100 whose uploads are 5 Mbit) had ALL taken back so, once or twice a run, while
+the origin sent all it could; its nodes then waited on stripes and peers."""
+
+RECENT_SECONDS: Final = 2.0
+"""The fleet's S3 rate of the moment (:func:`s3_slowed`) is its readers' byte counters
+over at least this many seconds: the counters of whole pieces, reported one interval
+apart, make a single interval's sum swing by half (a window of one report per node
+summed to 8 MB/s of the 31 the origin sent)."""
 
 
 ORIGIN_WINDOW: Final = 1.0
@@ -147,6 +158,9 @@ class _Artifact:
     (ALL taken back): the cohort's average counts from there."""
     measured_since: float = -math.inf
     """When that was (the average's start, if later than :attr:`cohort_start`)."""
+    totals: deque[tuple[float, int]] = field(default_factory=deque)
+    """(when, the readers' S3 byte counters summed) at each snapshot, over the last
+    :data:`RECENT_SECONDS` and one more: the fleet's S3 rate of the moment."""
     all_taken_back: bool = False
     """ALL was taken back this cohort (S3 slowed): the origin is what it gave the fleet
     since (not the per-reader estimate, which remembers the faster S3 for tens of
@@ -198,6 +212,7 @@ class CapacityBook:
                 art.cohort_start = math.inf
                 art.s3_base.clear()
                 art.measured_since = -math.inf
+                art.totals.clear()
                 art.all_taken_back = False
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
@@ -261,9 +276,13 @@ class CapacityBook:
         # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
         # and the plan went to stripes alone).
         since = max(art.cohort_start, art.measured_since)
+        total = sum(art.s3_bytes.values())
         if now > since:
-            read = sum(art.s3_bytes.values()) - sum(art.s3_base.values())
+            read = total - sum(art.s3_base.values())
             art.origin_peak = max(art.origin_peak, read / (now - since))
+        art.totals.append((now, total))
+        while len(art.totals) > 2 and now - art.totals[1][0] >= RECENT_SECONDS:
+            art.totals.popleft()
         if (
             art.allocation is not None
             and art.allocation.mode is Mode.ALL
@@ -403,14 +422,22 @@ def _withdraw(art: _Artifact, node: str, recent: float) -> None:
 
 def s3_slowed(art: _Artifact, now: float) -> bool:
     """S3 gives the median fetching node, over its last report interval (reported within
-    two :data:`ORIGIN_WINDOW`), less than :data:`ALL_SLOWED` of its S3 peak. Nodes with
-    no recent report are left out (every report carries the node's S3 rate)."""
+    two :data:`ORIGIN_WINDOW`), less than :data:`ALL_SLOWED` of its S3 peak, and the
+    fleet, over the last :data:`RECENT_SECONDS`, less than that share of the origin's
+    peak average (where the nodes send their byte counters; else the nodes' shares
+    decide). Nodes with no recent report are left out (every report carries the node's
+    S3 rate)."""
     shares = []
     for node, link in art.links.items():
         rate, at = art.s3_rates.get(node, (0.0, -math.inf))
         if link.s3 > 0 and now - at <= 2 * ORIGIN_WINDOW:
             shares.append(rate / link.s3)
-    return bool(shares) and statistics.median(shares) < ALL_SLOWED
+    if not shares or statistics.median(shares) >= ALL_SLOWED:
+        return False
+    (then, before), (_, latest) = art.totals[0], art.totals[-1]
+    if now - then < RECENT_SECONDS or art.origin_peak <= 0 or latest <= 0:
+        return True
+    return (latest - before) / (now - then) < ALL_SLOWED * art.origin_peak
 
 
 def _measure_afresh(art: _Artifact, now: float) -> None:

@@ -330,6 +330,41 @@ def test_all_stands_until_the_fleet_read_at_full_width() -> None:
     assert later is not None and later.mode is not Mode.ALL
 
 
+def test_all_stands_while_the_origin_gives_the_fleet_as_much() -> None:
+    """A node's S3 peak may be from a moment it had the origin to itself; under ALL every
+    node shares it. Each node getting under ALL_SLOWED of its peak is no slowdown while
+    the fleet's byte counters show the origin giving what it gave: slow-uploads at a
+    quarter of its rates had ALL taken back so while its origin sent all it could."""
+    book, names = _under_all(200 * MBIT, readers=6)
+    totals = dict.fromkeys(names, 0)
+
+    def s3_now(mbit: float, at: float) -> None:
+        """Each node read ``mbit`` over the last second, reported at ``at``."""
+        for i, node in enumerate(names):
+            totals[node] += int(mbit * MBIT)
+            book.note_s3(
+                "ih", node, mbit * MBIT, now=at + 0.05 * i, total=totals[node], started=0.0
+            )
+
+    t = 0.0
+    while t < PEERS_WARMUP + ALL_PROOF:  # the stripes and ALL's first seconds: 200 each
+        s3_now(200, t)
+        book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        t += SNAPSHOT_PERIOD
+    _report(book, names, down=250, up=250, peers=80, s3=250)  # one interval each, alone
+    for _ in range(4):  # 80 of 250 each (under a third); 480 together, of 1200
+        s3_now(80, t)
+        plan = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        assert plan is not None and plan.mode is Mode.ALL
+        assert not book.all_taken_back("ih")
+        t += SNAPSHOT_PERIOD
+    for _ in range(3):  # 40 each, 240 together: a fifth, S3 slowed
+        s3_now(40, t)
+        book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        t += SNAPSHOT_PERIOD
+    assert book.all_taken_back("ih")
+
+
 def test_all_is_taken_back_when_s3_slows_under_it() -> None:
     """Under ALL a node takes nothing from peers and its peaks are maxima: they went on
     saying that S3 filled every link, and a slowing S3 kept ALL for good (every node
