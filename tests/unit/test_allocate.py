@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -304,6 +305,21 @@ def test_stripes_read_together_count_though_the_first_snapshot_comes_after_them(
     assert plan is not None and plan.mode is not Mode.ALL
 
 
+def counted_reads(book: CapacityBook, names: list[str]) -> Callable[[float, float], None]:
+    """``s3_now(mbit, at)``: each of ``names`` reports reading ``mbit`` Mbit/s over the
+    last second, at ``at`` (a little apart), with its S3 byte counter."""
+    totals = dict.fromkeys(names, 0)
+
+    def s3_now(mbit: float, at: float) -> None:
+        for i, node in enumerate(names):
+            totals[node] += int(mbit * MBIT)
+            book.note_s3(
+                "ih", node, mbit * MBIT, now=at + 0.05 * i, total=totals[node], started=0.0
+            )
+
+    return s3_now
+
+
 def _under_all(estimate: float, readers: int) -> tuple[CapacityBook, list[str]]:
     """Six 250 Mbit nodes whose stripes filled their links at once: ALL once the swarm
     has had its warm-up (at PEERS_WARMUP)."""
@@ -336,16 +352,7 @@ def test_all_stands_while_the_origin_gives_the_fleet_as_much() -> None:
     the fleet's byte counters show the origin giving what it gave: slow-uploads at a
     quarter of its rates had ALL taken back so while its origin sent all it could."""
     book, names = _under_all(200 * MBIT, readers=6)
-    totals = dict.fromkeys(names, 0)
-
-    def s3_now(mbit: float, at: float) -> None:
-        """Each node read ``mbit`` over the last second, reported at ``at``."""
-        for i, node in enumerate(names):
-            totals[node] += int(mbit * MBIT)
-            book.note_s3(
-                "ih", node, mbit * MBIT, now=at + 0.05 * i, total=totals[node], started=0.0
-            )
-
+    s3_now = counted_reads(book, names)
     t = 0.0
     while t < PEERS_WARMUP + ALL_PROOF:  # the stripes and ALL's first seconds: 200 each
         s3_now(200, t)
@@ -373,15 +380,10 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
     per-reader estimate that still remembers the fast S3 make ALL again; S3 filling every
     link at once again does."""
     book, names = _under_all(200 * MBIT, readers=6)
-    totals = dict.fromkeys(names, 0)
+    read = counted_reads(book, names)
 
     def s3_now(mbit: float, at: float) -> None:
-        """Each node read ``mbit`` over the last second, reported at ``at``."""
-        for i, node in enumerate(names):
-            totals[node] += int(mbit * MBIT)
-            book.note_s3(
-                "ih", node, mbit * MBIT, now=at + 0.05 * i, total=totals[node], started=0.0
-            )
+        read(mbit, at)
         book.note_origin("ih", 200 * MBIT * len(names))  # the readers' averages lag
 
     # at half the stripes' rate (CPU-bound nodes under ALL) ALL stands
