@@ -72,8 +72,12 @@ thousand nodes changes the membership at every report, and each change must not 
 the tracker an announce per node (at most one per node every two seconds)."""
 
 BLOCKED_WAKE_GAP = 1.0
-"""Least seconds between reports sent early because the peer filter refused an unknown
-address (:meth:`Daemon.peer_blocked`)."""
+"""Least seconds between reports sent early because the peer filter refused an address
+it had not refused before (:meth:`Daemon.peer_blocked`); never less than the report
+interval the coordinator asks for (it stretches it as the fleet grows)."""
+
+MAX_REFUSED = 4096
+"""Addresses remembered as refused (each wakes the reporter once); forgotten past this."""
 
 DAEMON_S3_ATTEMPTS = 3
 """The S3 client's own tries per call in the daemon: its retries are silent (eight of them
@@ -137,6 +141,9 @@ class Daemon:
         self._reannounce: threading.Timer | None = None
         self._reannounced_at = -math.inf
         self._blocked_wake_at = -math.inf
+        self._refused: set[str] = set()
+        self.report_interval = 1.0
+        """The report interval the coordinator asked for last (set by the reporter)."""
         self.session.on_blocked = self.peer_blocked
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
@@ -446,9 +453,16 @@ class Daemon:
         member learnt is dialled by the announce it triggers (:meth:`take_members`).
         far-region's seeders refused the four new nodes for up to a second after they
         joined, until the seeders' next report, and the nodes' first UDP sessions (which
-        need a libtorrent connection to see a holder) waited on it."""
+        need a libtorrent connection to see a holder) waited on it. An address refused
+        before (a host that is no member, dialling again) wakes nothing: at a report a
+        second per node a fleet of thousands would exceed the coordinator's budget."""
         now = time.monotonic()
-        if now - self._blocked_wake_at < BLOCKED_WAKE_GAP:
+        if ip in self._refused:
+            return
+        if len(self._refused) >= MAX_REFUSED:
+            self._refused.clear()
+        self._refused.add(ip)
+        if now - self._blocked_wake_at < max(BLOCKED_WAKE_GAP, self.report_interval):
             return  # (a race of two alerts costs one more report: no lock)
         self._blocked_wake_at = now
         log.debug("peer filter refused %s: reporting for a fresh member list", ip)

@@ -123,6 +123,7 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                     asked = reply.get("interval")
                     if isinstance(asked, int | float) and asked > 0:
                         interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(asked)))
+                        daemon.report_interval = interval
                     daemon.take_plans(reply.get("plans") or {}, interval)
                     if members.apply(reply):
                         daemon.take_members(sorted(members.ips))

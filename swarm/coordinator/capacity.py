@@ -158,9 +158,12 @@ class _Artifact:
     (ALL taken back): the cohort's average counts from there."""
     measured_since: float = -math.inf
     """When that was (the average's start, if later than :attr:`cohort_start`)."""
+    s3_read: int = 0
+    """Bytes the readers' S3 counters grew by this cohort, summed report by report (a
+    counter that went away or back to zero subtracts nothing)."""
     totals: deque[tuple[float, int]] = field(default_factory=deque)
-    """(when, the readers' S3 byte counters summed) at each snapshot, over the last
-    :data:`RECENT_SECONDS` and one more: the fleet's S3 rate of the moment."""
+    """(when, :attr:`s3_read`) at each snapshot, the oldest kept at least
+    :data:`RECENT_SECONDS` old: the fleet's S3 rate of the moment."""
     all_taken_back: bool = False
     """ALL was taken back this cohort (S3 slowed): the origin is what it gave the fleet
     since (not the per-reader estimate, which remembers the faster S3 for tens of
@@ -213,6 +216,7 @@ class CapacityBook:
                 art.s3_base.clear()
                 art.measured_since = -math.inf
                 art.totals.clear()
+                art.s3_read = 0
                 art.all_taken_back = False
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
@@ -256,6 +260,9 @@ class CapacityBook:
             art.window_sum = max(0.0, art.window_sum + rate)
             art.together = max(art.together, art.window_sum)
             if started is not None:
+                previous = art.s3_bytes.get(node)
+                if previous is not None:  # grows only: a node gone or restarted takes nothing
+                    art.s3_read += max(0, total - previous)
                 art.s3_bytes[node] = total
                 art.cohort_start = min(art.cohort_start, started)
 
@@ -280,7 +287,7 @@ class CapacityBook:
         if now > since:
             read = total - sum(art.s3_base.values())
             art.origin_peak = max(art.origin_peak, read / (now - since))
-        art.totals.append((now, total))
+        art.totals.append((now, art.s3_read))
         while len(art.totals) > 2 and now - art.totals[1][0] >= RECENT_SECONDS:
             art.totals.popleft()
         if (
@@ -436,7 +443,7 @@ def s3_slowed(art: _Artifact, now: float) -> bool:
         return False
     (then, before), (_, latest) = art.totals[0], art.totals[-1]
     if now - then < RECENT_SECONDS or art.origin_peak <= 0 or latest <= 0:
-        return True
+        return True  # no counters (or not for long enough): the shares decide
     return (latest - before) / (now - then) < ALL_SLOWED * art.origin_peak
 
 

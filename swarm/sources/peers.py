@@ -61,8 +61,6 @@ files: milliseconds, even on a busy node)."""
 
 
 DEFAULT_PIECE_PRIORITY = 4
-IP_FILTER_REASON = 0
-"""``peer_blocked_alert.reason`` for the ip filter (libtorrent's ``reason_t::ip_filter``)."""
 """libtorrent's ``default_priority`` (the binding exports no name for it)."""
 
 
@@ -140,7 +138,8 @@ class TorrentSession:
         self.torrents: dict[str, TorrentState] = {}
         self.on_blocked: Callable[[str], object] = lambda ip: None
         """Called (in the alert thread) with the address of a peer connection the ip
-        filter (:meth:`admit_only`) refused: a new member this node has not heard of yet."""
+        filter (:meth:`admit_only`) refused: a node this one does not know as a member
+        (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
         self._lock = threading.Lock()
         self._running = True
@@ -420,7 +419,7 @@ class TorrentSession:
                 log.warning("piece %d failed its hash check", alert.piece_index)
             return
         if isinstance(alert, lt.peer_blocked_alert):
-            if alert.reason == IP_FILTER_REASON:
+            if alert.reason == lt.reason_t.ip_filter:
                 address = alert.ip  # (address, port), as for every peer alert
                 self.on_blocked(str(address[0] if isinstance(address, tuple) else address))
             return

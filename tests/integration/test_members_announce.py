@@ -14,7 +14,7 @@ from pathlib import Path
 import fastbencode
 import pytest
 
-from swarm.agent.daemon import REANNOUNCE_GAP, Daemon
+from swarm.agent.daemon import BLOCKED_WAKE_GAP, REANNOUNCE_GAP, Daemon
 from swarm.config import Settings
 from swarm.manifest import Manifest
 from tests.servers import free_port, wait_until
@@ -113,5 +113,31 @@ def test_members_named_before_any_torrent_do_not_hold_back_the_next_announce(
         daemon.take_members(["127.0.0.20", "127.0.0.21"])  # a new member: announce now
         wait_until(lambda: len(tracker.announces) > first, REANNOUNCE_GAP, "an announce at once")
         assert tracker.announces[first] - asked < REANNOUNCE_GAP / 2
+    finally:
+        daemon.close()
+
+
+def test_an_address_the_filter_refuses_wakes_one_report(tmp_path: Path, tracker: Tracker) -> None:
+    """A refused connection asks the coordinator for the member list at once (the
+    refused node may have joined since this one's last report), once per address, and
+    no oftener than BLOCKED_WAKE_GAP or the report interval, whichever is longer: a
+    host that is no member, dialling again and again, must not have every node report
+    each second."""
+    daemon, _ = fleet_daemon(tmp_path, tracker)
+    wakes: list[float] = []
+    daemon.wake_reporter = lambda: wakes.append(time.monotonic())
+    try:
+        daemon.session.on_blocked("10.9.0.1")  # as libtorrent's alert thread calls it
+        daemon.session.on_blocked("10.9.0.1")  # the same host again
+        daemon.session.on_blocked("10.9.0.2")  # another, within the gap
+        assert len(wakes) == 1
+        time.sleep(BLOCKED_WAKE_GAP + 0.05)
+        daemon.session.on_blocked("10.9.0.2")  # refused before: nothing
+        daemon.session.on_blocked("10.9.0.3")
+        assert len(wakes) == 2
+        daemon.report_interval = 30.0  # a large fleet's interval spaces them further
+        time.sleep(BLOCKED_WAKE_GAP + 0.05)
+        daemon.session.on_blocked("10.9.0.4")
+        assert len(wakes) == 2
     finally:
         daemon.close()

@@ -354,12 +354,12 @@ def test_all_stands_while_the_origin_gives_the_fleet_as_much() -> None:
     book, names = _under_all(200 * MBIT, readers=6)
     s3_now = counted_reads(book, names)
     t = 0.0
-    while t < PEERS_WARMUP + ALL_PROOF:  # the stripes and ALL's first seconds: 200 each
-        s3_now(200, t)
+    while t < PEERS_WARMUP + ALL_PROOF:  # the stripes and ALL's first seconds: 150 each
+        s3_now(150, t)
         book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         t += SNAPSHOT_PERIOD
     _report(book, names, down=250, up=250, peers=80, s3=250)  # one interval each, alone
-    for _ in range(4):  # 80 of 250 each (under a third); 480 together, of 1200
+    for _ in range(4):  # 80 of 250 each (under a third); 480 together, of 900 at most
         s3_now(80, t)
         plan = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         assert plan is not None and plan.mode is Mode.ALL
