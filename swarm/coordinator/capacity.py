@@ -149,18 +149,19 @@ class _Artifact:
     window_sum: float = 0.0
     """The sum of the rates in :attr:`window` still within it, one per node."""
     s3_bytes: dict[str, int] = field(default_factory=dict)
-    """Each node's S3 byte counter this cohort (kept when it completes)."""
+    """Each node's S3 byte counter as last reported (kept when it completes)."""
+    s3_read: int = 0
+    """Bytes the readers' S3 counters grew by this cohort, summed report by report (a
+    node's first report counts whole; a counter that went away or back to zero
+    subtracts nothing): what the origin has given the cohort."""
     cohort_start: float = math.inf
     """When the cohort's first fetch started (the coordinator's clock: a report's arrival
     less the node's ``elapsed``)."""
-    s3_base: dict[str, int] = field(default_factory=dict)
-    """Each node's S3 byte counter when the origin's rates were last measured afresh
-    (ALL taken back): the cohort's average counts from there."""
+    read_base: int = 0
+    """:attr:`s3_read` when the origin's rates were last measured afresh (ALL taken
+    back): the cohort's average counts from there."""
     measured_since: float = -math.inf
     """When that was (the average's start, if later than :attr:`cohort_start`)."""
-    s3_read: int = 0
-    """Bytes the readers' S3 counters grew by this cohort, summed report by report (a
-    counter that went away or back to zero subtracts nothing)."""
     totals: deque[tuple[float, int]] = field(default_factory=deque)
     """(when, :attr:`s3_read`) at each snapshot, the oldest kept at least
     :data:`RECENT_SECONDS` old: the fleet's S3 rate of the moment."""
@@ -213,7 +214,7 @@ class CapacityBook:
                 art.window_sum = 0.0
                 art.s3_bytes.clear()
                 art.cohort_start = math.inf
-                art.s3_base.clear()
+                art.read_base = 0
                 art.measured_since = -math.inf
                 art.totals.clear()
                 art.s3_read = 0
@@ -260,9 +261,7 @@ class CapacityBook:
             art.window_sum = max(0.0, art.window_sum + rate)
             art.together = max(art.together, art.window_sum)
             if started is not None:
-                previous = art.s3_bytes.get(node)
-                if previous is not None:  # grows only: a node gone or restarted takes nothing
-                    art.s3_read += max(0, total - previous)
+                art.s3_read += max(0, total - art.s3_bytes.get(node, 0))
                 art.s3_bytes[node] = total
                 art.cohort_start = min(art.cohort_start, started)
 
@@ -283,9 +282,8 @@ class CapacityBook:
         # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
         # and the plan went to stripes alone).
         since = max(art.cohort_start, art.measured_since)
-        total = sum(art.s3_bytes.values())
         if now > since:
-            read = total - sum(art.s3_base.values())
+            read = art.s3_read - art.read_base
             art.origin_peak = max(art.origin_peak, read / (now - since))
         art.totals.append((now, art.s3_read))
         while len(art.totals) > 2 and now - art.totals[1][0] >= RECENT_SECONDS:
@@ -453,6 +451,6 @@ def _measure_afresh(art: _Artifact, now: float) -> None:
     now on, and ALL needs S3 to fill every link at once again."""
     art.allocation, art.all_since, art.mix_since = None, None, None
     art.origin_peak, art.together = 0.0, art.window_sum
-    art.s3_base = dict(art.s3_bytes)
+    art.read_base = art.s3_read
     art.measured_since = now
     art.all_taken_back = True

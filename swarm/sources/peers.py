@@ -420,8 +420,7 @@ class TorrentSession:
             return
         if isinstance(alert, lt.peer_blocked_alert):
             if alert.reason == lt.reason_t.ip_filter:
-                address = alert.ip  # (address, port), as for every peer alert
-                self.on_blocked(str(address[0] if isinstance(address, tuple) else address))
+                self.on_blocked(alert.ip[0])  # (address, port), as for every peer alert
             return
         if isinstance(alert, lt.peer_ban_alert):
             state = self._state_of(alert.handle)
