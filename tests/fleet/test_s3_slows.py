@@ -12,9 +12,11 @@ lacked through the throttled origin.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,19 @@ def _records(trace: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines[:-1] if line]  # the last may be partial
 
 
+def _timeline(views: list[dict[str, Any]], start: float, until: float) -> list[Any]:
+    """(seconds into the trace, allocation mode, MiB the nodes held) up to ``until``."""
+    return [
+        (
+            round(r["t"] - start, 1),
+            [(a.get("allocation") or {}).get("mode") for a in r["fleet"]["artifacts"]],
+            sum(a["have_bytes"] for n in r["fleet"]["nodes"] for a in n["artifacts"]) >> 20,
+        )
+        for r in views
+        if r["t"] < until
+    ]
+
+
 def _all_seen(trace: Path) -> dict[str, Any] | None:
     """The first fleet view whose allocation is ALL, or None."""
     for record in _records(trace):
@@ -57,14 +72,25 @@ def _all_seen(trace: Path) -> dict[str, Any] | None:
     return None
 
 
-def test_all_is_taken_back_when_s3_slows_under_it() -> None:
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    config = FleetConfig(
-        nodes=NODES, size=SIZE, piece_size=PIECE, origin_up=1000, node_up=NODE_MBIT,
-        node_down=NODE_MBIT, s3=os.environ.get("SWARM_FLEET_S3", "moto"), system_timeout=240,
-    )  # fmt: skip
+@dataclass
+class _Attempt:
+    """One fleet run: the first ALL view, when the origin was throttled, the trace."""
+
+    outcome: dict[str, Any]
+    at_all: dict[str, Any] | None
+    throttled_at: float
+    views: list[dict[str, Any]]
+    handed: int
+
+    def all_came_early(self) -> bool:
+        """ALL came while the nodes lacked most of the artifact (what the test needs)."""
+        if self.at_all is None:
+            return False
+        held = sum(a["have_bytes"] for n in self.at_all["fleet"]["nodes"] for a in n["artifacts"])
+        return held < NODES * SIZE // 2
+
+
+def _attempt(config: FleetConfig) -> _Attempt:
     with started_fleet(config, lab_name="sl") as fleet:
         fleet.keep = True  # the coordinator's view every 0.5 s (fleet-trace.jsonl)
         trace = fleet.work / "swarm" / "fleet-trace.jsonl"
@@ -88,16 +114,36 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
             fleet.origin.set_rates(SLOW_MBIT, config.origin_down)
             throttled_at = time.time()
         runner.join(300)
-        views = _records(trace)
         handed = sum(
             "handed to libtorrent"
             in (fleet.work / "swarm" / host.name / "home" / "daemon.log").read_text()
             for host in fleet.node_hosts
         )
+        return _Attempt(outcome, at_all, throttled_at, _records(trace), handed)
+
+
+def test_all_is_taken_back_when_s3_slows_under_it() -> None:
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    config = FleetConfig(
+        nodes=NODES, size=SIZE, piece_size=PIECE, origin_up=1000, node_up=NODE_MBIT,
+        node_down=NODE_MBIT, s3=os.environ.get("SWARM_FLEET_S3", "moto"), system_timeout=240,
+    )  # fmt: skip
+    # Whether S3 "fills every link" is a measurement at these rates (one interval's
+    # counters of whole pieces against the nodes' peaks): in one CI run the allocation
+    # went ALL only as the last nodes finished, leaving nothing to throttle.
+    # Such a run says nothing of the take-back; a second one is made, and both missing
+    # fails below.
+    first = _attempt(config)
+    attempt = first if first.all_came_early() else _attempt(config)
+    outcome, at_all, throttled_at = attempt.outcome, attempt.at_all, attempt.throttled_at
+    views, handed = attempt.views, attempt.handed
     assert "error" not in outcome, outcome.get("error")
     result: SystemResult = outcome["result"]
     seen = [(a.get("allocation") or {}).get("mode") for r in views for a in r["fleet"]["artifacts"]]
     assert at_all is not None, f"the allocation never went ALL: S3 did not fill the links {seen}"
+    assert attempt.all_came_early(), f"ALL came only as the nodes finished, twice: {seen}"
     # What the fleet held, and had read from S3, when the origin was throttled
     before = min((r for r in views if r["t"] >= throttled_at), key=lambda r: r["t"])
     (artifact,) = before["fleet"]["artifacts"]
@@ -122,7 +168,17 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
         if r["t"] >= throttled_at
     ]
     received = sum(sum((n.bytes_by_source or {}).values()) for n in result.nodes)
+    start = views[0]["t"]
+    held = [sum(a["have_bytes"] for a in n["artifacts"]) >> 20 for n in at_all["fleet"]["nodes"]]
+    retried = (
+        ""
+        if attempt is first or not first.views
+        else f"(a first run saw {_timeline(first.views, first.views[0]['t'], math.inf)[:40]}) "
+    )
     said = (
+        f"{retried}ALL first seen {at_all['t'] - start:.1f} s into the trace, the nodes "
+        f"holding {held} MiB; fleet done in {result.all_done:.1f} s; "
+        f"(t, mode, MiB held) before the throttle {_timeline(views, start, throttled_at)}; "
         f"S3 after the throttle {after >> 20} MiB; nobody held {nobody >> 20} MiB, the "
         f"nodes lacked {lacking >> 20} MiB; received {received >> 20} MiB for "
         f"{NODES * SIZE >> 20}; {handed} nodes handed their S3 pieces to libtorrent; "
