@@ -110,6 +110,10 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
     try:
         while True:
             url = urls[current]
+            # Cleared before the snapshot, not after the post: a wake during the post (a
+            # fetch asking for its first plan while the daemon's first report is on its
+            # way) is for state this report does not hold, and sends the next one at once.
+            wake.clear()
             report = daemon.snapshot()
             if daemon.token:  # members filter peer connections: keep the list current
                 report["members_epoch"] = members.epoch
@@ -132,7 +136,6 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                 log.debug("report to %s failed: %s", url, error)
                 current = (current + 1) % len(urls)  # the next coordinator, soon
                 wait = min(interval, FAILOVER_WAIT) if len(urls) > 1 else interval
-            wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), wait)
     finally:

@@ -1,0 +1,86 @@
+"""The daemon's report loop against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from swarm.agent.reporter import report_loop
+
+
+class _Daemon:
+    """What report_loop reads of a daemon: its coordinators, token and snapshot."""
+
+    token = None
+    report_interval = 1.0
+
+    def __init__(self, url: str) -> None:
+        self.coordinators = [url]
+        self.snapshots = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        self.snapshots += 1
+        return {"n": self.snapshots}
+
+    def take_plans(self, plans: dict[str, Any], interval: float) -> None:
+        pass
+
+    def take_members(self, ips: list[str]) -> None:
+        pass
+
+
+def test_a_wake_during_a_post_sends_the_next_report_at_once() -> None:
+    """A fetch that asks for its first plan while a report is on its way (the daemon's
+    first one, sent as it starts) must not wait the coordinator's interval: that report
+    does not hold the fetch. Before, the wake was cleared after the post and lost."""
+    arrived: list[float] = []
+    first_in = threading.Event()
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            arrived.append(time.monotonic())
+            if len(arrived) == 1:
+                first_in.set()
+                release.wait(5)
+            body = json.dumps({"interval": 30}).encode()  # a long interval: only a wake
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    daemon = _Daemon(f"http://127.0.0.1:{server.server_address[1]}")
+
+    async def run() -> None:
+        wake = asyncio.Event()
+        loop_task = asyncio.create_task(report_loop(daemon, wake))  # type: ignore[arg-type]
+        try:
+            await asyncio.to_thread(first_in.wait, 5)
+            wake.set()  # while the first report waits for its answer
+            release.set()
+            deadline = time.monotonic() + 3
+            while len(arrived) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            loop_task.cancel()
+            await asyncio.gather(loop_task, return_exceptions=True)
+
+    try:
+        asyncio.run(run())
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert len(arrived) >= 2, "the wake during the first post was lost (next report in 30 s)"
+    assert arrived[1] - arrived[0] < 1.0
