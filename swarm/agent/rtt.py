@@ -56,23 +56,34 @@ def _address(endpoint: str) -> str:
     return ip.removeprefix("::ffff:") if "." in ip else ip
 
 
+def endpoint_addresses(url: str | None) -> set[str]:
+    """The addresses the host of ``url`` resolves to, as :func:`kernel_min_rtts` names
+    them (empty if it does not resolve, or no ``url``)."""
+    parts = urlsplit(url) if url else None
+    if parts is None or not parts.hostname:
+        return set()
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError):
+        return set()
+    return {_address(f"{info[4][0]}:0") for info in infos}
+
+
 def endpoint_round_trip(url: str | None) -> float | None:
     """The round trip to the host of ``url`` (an S3 endpoint), in seconds: the kernel's
     least over this node's connections to it (the catalog's and manifest's GETs leave
     one open, made before any load), else a few timed connects (a name that resolves to
     other addresses now, as S3's do); None if nothing answers (S3 refused) or no
     ``url``."""
-    parts = urlsplit(url) if url else None
-    if parts is None or not parts.hostname:
+    addresses = endpoint_addresses(url)
+    if not addresses:
         return None
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-    except (OSError, ValueError):
-        return None
+    parts = urlsplit(url or "")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     rtts = kernel_min_rtts()
-    found = [rtts[ip] for ip in {_address(f"{info[4][0]}:0") for info in infos} if ip in rtts]
-    return min(found) if found else connect_rtt(parts.hostname, port)
+    found = [rtts[ip] for ip in addresses if ip in rtts]
+    return min(found) if found else connect_rtt(str(parts.hostname), port)
 
 
 def s3_round_trip(client: Any) -> float | None:

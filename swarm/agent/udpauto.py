@@ -24,7 +24,7 @@ import libtorrent as lt
 
 from swarm.agent.origin import InFlight
 from swarm.agent.registry import Artifact
-from swarm.agent.rtt import connect_rtt, kernel_min_rtts, s3_round_trip
+from swarm.agent.rtt import connect_rtt, endpoint_addresses, kernel_min_rtts, s3_round_trip
 from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
     MAX_LANES,
@@ -136,6 +136,9 @@ def auto_udp(
         if s3_rtt is not None and not udp_wanted(s3_rtt):
             log.info("udp: S3 is near (%.1f ms): TCP's, no UDP for this fetch", s3_rtt * 1e3)
             return
+        # S3's addresses: the kernel's least round trip to them is looked at again with
+        # the holders' (below)
+        s3_addresses = endpoint_addresses(getattr(artifact.client, "endpoint_url", None))
         choice = UdpChoice(time.monotonic())
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
@@ -195,6 +198,15 @@ def auto_udp(
             everyone = holders_of(peers, own_ip)
             holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in busy]
             rtts = kernel_min_rtts() if holders else {}
+            s3_now = s3_near_now(rtts, s3_addresses)
+            if s3_now is not None:
+                # S3 looked far at the fetch's start only behind the origin's full queue
+                # (slow-uploads at a quarter of its rates: 0-14 ms for most nodes, none
+                # under 20 for two, which then pulled UDP from LAN peers with full 5 Mbit
+                # uplinks); the least round trip since says it is in this region
+                log.info("udp: S3 is near now (%.1f ms): TCP's, no more UDP for this fetch",
+                         s3_now * 1e3)  # fmt: skip
+                return
             for h in holders:  # near holders are TCP's, whichever is best
                 if rtts.get(h.ip, math.inf) < NEAR_RTT:
                     set_near(h.ip, rtts[h.ip], "kernel's least")
@@ -256,6 +268,15 @@ def auto_udp(
             lane.stop.set()
         for lane in lanes:
             lane.join()
+
+
+def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:
+    """The kernel's least round trip to S3 (``rtts`` by address, as
+    :func:`~swarm.agent.rtt.kernel_min_rtts` gives them) if it says S3 is in this
+    region (under :data:`NEAR_RTT`), else None."""
+    found = [rtts[ip] for ip in s3_addresses if ip in rtts]
+    least = min(found, default=None)
+    return least if least is not None and least < NEAR_RTT else None
 
 
 class _Lane:
