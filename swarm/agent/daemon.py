@@ -455,7 +455,9 @@ class Daemon:
         joined, until the seeders' next report, and the nodes' first UDP sessions (which
         need a libtorrent connection to see a holder) waited on it. An address refused
         before (a host that is no member, dialling again) wakes nothing: at a report a
-        second per node a fleet of thousands would exceed the coordinator's budget."""
+        second per node a fleet of thousands would exceed the coordinator's budget. That
+        includes one first refused within the gap, which woke nothing then (remembering
+        only the addresses that woke a report measured no faster: README)."""
         now = time.monotonic()
         if ip in self._refused:
             return

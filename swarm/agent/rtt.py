@@ -56,18 +56,34 @@ def _address(endpoint: str) -> str:
     return ip.removeprefix("::ffff:") if "." in ip else ip
 
 
+def _host_port(url: str | None) -> tuple[str, int] | None:
+    """The host and port of ``url`` (the scheme's port if it names none), or None."""
+    parts = urlsplit(url) if url else None
+    if parts is None or not parts.hostname:
+        return None
+    try:
+        return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port out of range
+        return None
+
+
 def endpoint_addresses(url: str | None) -> set[str]:
     """The addresses the host of ``url`` resolves to, as :func:`kernel_min_rtts` names
     them (empty if it does not resolve, or no ``url``)."""
-    parts = urlsplit(url) if url else None
-    if parts is None or not parts.hostname:
+    endpoint = _host_port(url)
+    if endpoint is None:
         return set()
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(*endpoint, proto=socket.IPPROTO_TCP)
     except (OSError, ValueError):
         return set()
     return {_address(f"{info[4][0]}:0") for info in infos}
+
+
+def least_round_trip(rtts: dict[str, float], addresses: set[str]) -> float | None:
+    """The least of ``rtts`` (by address, as :func:`kernel_min_rtts` gives them) over
+    ``addresses``; None if the kernel has no connection to any of them."""
+    return min((rtts[ip] for ip in addresses if ip in rtts), default=None)
 
 
 def endpoint_round_trip(url: str | None) -> float | None:
@@ -76,14 +92,12 @@ def endpoint_round_trip(url: str | None) -> float | None:
     one open, made before any load), else a few timed connects (a name that resolves to
     other addresses now, as S3's do); None if nothing answers (S3 refused) or no
     ``url``."""
+    endpoint = _host_port(url)
     addresses = endpoint_addresses(url)
-    if not addresses:
+    if endpoint is None or not addresses:
         return None
-    parts = urlsplit(url or "")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    rtts = kernel_min_rtts()
-    found = [rtts[ip] for ip in addresses if ip in rtts]
-    return min(found) if found else connect_rtt(str(parts.hostname), port)
+    least = least_round_trip(kernel_min_rtts(), addresses)
+    return least if least is not None else connect_rtt(*endpoint)
 
 
 def s3_round_trip(client: Any) -> float | None:

@@ -24,7 +24,13 @@ import libtorrent as lt
 
 from swarm.agent.origin import InFlight
 from swarm.agent.registry import Artifact
-from swarm.agent.rtt import connect_rtt, endpoint_addresses, kernel_min_rtts, s3_round_trip
+from swarm.agent.rtt import (
+    connect_rtt,
+    endpoint_addresses,
+    kernel_min_rtts,
+    least_round_trip,
+    s3_round_trip,
+)
 from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
     MAX_LANES,
@@ -273,10 +279,9 @@ def auto_udp(
 def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:
     """The kernel's least round trip to S3 (``rtts`` by address, as
     :func:`~swarm.agent.rtt.kernel_min_rtts` gives them) if it says S3 is in this
-    region (under :data:`NEAR_RTT`), else None."""
-    found = [rtts[ip] for ip in s3_addresses if ip in rtts]
-    least = min(found, default=None)
-    return least if least is not None and least < NEAR_RTT else None
+    region (no UDP wanted: :func:`~swarm.agent.udpchoice.udp_wanted`), else None."""
+    least = least_round_trip(rtts, s3_addresses)
+    return least if least is not None and not udp_wanted(least) else None
 
 
 class _Lane:

@@ -49,13 +49,18 @@ def _records(trace: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines[:-1] if line]  # the last may be partial
 
 
+def _held(node: dict[str, Any]) -> int:
+    """Bytes a node of a fleet view holds."""
+    return sum(a["have_bytes"] for a in node["artifacts"])
+
+
 def _timeline(views: list[dict[str, Any]], start: float, until: float) -> list[Any]:
     """(seconds into the trace, allocation mode, MiB the nodes held) up to ``until``."""
     return [
         (
             round(r["t"] - start, 1),
             [(a.get("allocation") or {}).get("mode") for a in r["fleet"]["artifacts"]],
-            sum(a["have_bytes"] for n in r["fleet"]["nodes"] for a in n["artifacts"]) >> 20,
+            sum(_held(n) for n in r["fleet"]["nodes"]) >> 20,
         )
         for r in views
         if r["t"] < until
@@ -86,8 +91,7 @@ class _Attempt:
         """ALL came while the nodes lacked most of the artifact (what the test needs)."""
         if self.at_all is None:
             return False
-        held = sum(a["have_bytes"] for n in self.at_all["fleet"]["nodes"] for a in n["artifacts"])
-        return held < NODES * SIZE // 2
+        return sum(_held(n) for n in self.at_all["fleet"]["nodes"]) < NODES * SIZE // 2
 
 
 def _attempt(config: FleetConfig) -> _Attempt:
@@ -169,7 +173,7 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
     ]
     received = sum(sum((n.bytes_by_source or {}).values()) for n in result.nodes)
     start = views[0]["t"]
-    held = [sum(a["have_bytes"] for a in n["artifacts"]) >> 20 for n in at_all["fleet"]["nodes"]]
+    held = [_held(n) >> 20 for n in at_all["fleet"]["nodes"]]
     retried = (
         ""
         if attempt is first or not first.views
