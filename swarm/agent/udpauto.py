@@ -11,6 +11,7 @@ session. The holder's UDP port is taken to be this node's own (a fleet-wide sett
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import logging
@@ -135,6 +136,7 @@ def auto_udp(
     cancelled, or at once when S3 is near (:func:`.udpchoice.udp_wanted`)."""
     manifest, sink = artifact.manifest, artifact.sink
     lanes: list[_Lane] = []
+    shallow = contextlib.ExitStack()  # libtorrent's shallow queues, from the first session
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
@@ -259,6 +261,8 @@ def auto_udp(
                 continue
             if holder.ip not in far:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
+            if not far:  # the first far session (FAR_REQUEST_QUEUE_SECONDS says why)
+                shallow.enter_context(session.shallow_requests())
             far[holder.ip] = rtt
             # a session from this holder still in its tail tells the path's rate best
             running = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == holder.ip]
@@ -274,6 +278,7 @@ def auto_udp(
             lane.stop.set()
         for lane in lanes:
             lane.join()
+        shallow.close()
 
 
 def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ import fastbencode
 import libtorrent as lt
 
 from swarm.manifest import Manifest
-from swarm.sources.ltsettings import DISK_IO, session_settings
+from swarm.sources.ltsettings import DISK_IO, FAR_REQUEST_QUEUE_SECONDS, session_settings
 from swarm.tree import tree_renames
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,8 @@ class TorrentSession:
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
         self._lock = threading.Lock()
+        self._shallow = 0  # holders of shallow_requests()
+        self._request_queue_time = self.session.get_settings()["request_queue_time"]
         self._running = True
         self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
         self._thread.start()
@@ -302,6 +304,23 @@ class TorrentSession:
         if pieces:
             priority = 0 if on else DEFAULT_PIECE_PRIORITY
             self.torrents[info_hash].handle.prioritize_pieces([(i, priority) for i in pieces])
+
+    @contextlib.contextmanager
+    def shallow_requests(self) -> Iterator[None]:
+        """Request queues of :data:`~swarm.sources.ltsettings.FAR_REQUEST_QUEUE_SECONDS`
+        while any caller holds this (a fetch pulling over UDP from far holders), then
+        libtorrent's again."""
+        with self._lock:
+            self._shallow += 1
+            if self._shallow == 1:
+                self.session.apply_settings({"request_queue_time": FAR_REQUEST_QUEUE_SECONDS})
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._shallow -= 1
+                if self._shallow == 0:
+                    self.session.apply_settings({"request_queue_time": self._request_queue_time})
 
     def pause(self, info_hash: str, timeout: float = 30.0) -> bool:
         state = self.torrents[info_hash]

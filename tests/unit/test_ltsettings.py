@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libtorrent as lt
 
-from swarm.sources.ltsettings import SEND_BUFFERS, session_settings
+from swarm.sources.ltsettings import FAR_REQUEST_QUEUE_SECONDS, SEND_BUFFERS, session_settings
+from swarm.sources.peers import TorrentSession
 
 
 def test_a_session_keeps_libtorrent_default_send_buffers_not_the_seed_presets():
@@ -21,3 +24,23 @@ def test_a_session_keeps_libtorrent_default_send_buffers_not_the_seed_presets():
         assert applied["max_out_request_queue"] == preset["max_out_request_queue"]
     finally:
         session.pause()
+
+
+def test_request_queues_are_shallow_while_a_far_fetch_holds_them(tmp_path: Path) -> None:
+    """What a UDP session brings while libtorrent has it requested from a near peer comes
+    twice: queues hold FAR_REQUEST_QUEUE_SECONDS of a peer's rate while any far fetch
+    runs, and libtorrent's own depth again once the last one is done."""
+    session = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
+    try:
+        depth = session.session.get_settings()["request_queue_time"]
+        assert depth == lt.default_settings()["request_queue_time"] == 3
+        with session.shallow_requests():
+            with session.shallow_requests():  # a second far fetch at once
+                assert (
+                    session.session.get_settings()["request_queue_time"]
+                    == FAR_REQUEST_QUEUE_SECONDS
+                )
+            assert session.session.get_settings()["request_queue_time"] == FAR_REQUEST_QUEUE_SECONDS
+        assert session.session.get_settings()["request_queue_time"] == depth
+    finally:
+        session.close()
