@@ -7,6 +7,7 @@ back by ``to_json``. Unknown fields are ignored, so an older peer's message stil
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -34,6 +35,14 @@ def check_sources(sources: tuple[str, ...]) -> tuple[str, ...]:
     if not sources:
         raise UsageError("swarm: a fetch needs at least one source")
     return sources
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _optional_str(body: dict[str, Any], name: str) -> str | None:
@@ -162,6 +171,9 @@ class OriginPlan:
     s3_estimate: float | None = None
     direct: float = 0.0
     """Share of the artifact to read from S3 for this node alone, besides the stripe."""
+    holders: tuple[str, ...] = ()
+    """Addresses of nodes that hold the whole artifact, in a node's first plans (before
+    it holds a piece): its UDP source may start from them before libtorrent connects."""
 
     @classmethod
     def from_json(cls, body: object) -> OriginPlan | None:
@@ -173,10 +185,14 @@ class OriginPlan:
             return None
         estimate = body.get("s3_estimate")
         direct = body.get("direct")
+        holders = body.get("holders") or []
+        if not isinstance(holders, list):
+            return None
         return cls(
             stripe=tuple(stripe),
             mode=str(body.get("mode") or "stripe"),
             fill=bool(body.get("fill")),
             s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
             direct=min(1.0, max(0.0, float(direct))) if isinstance(direct, int | float) else 0.0,
+            holders=tuple(h for h in holders if isinstance(h, str) and _is_ip(h)),
         )

@@ -501,6 +501,8 @@ class Daemon:
             plan = OriginPlan.from_json(body)
             if artifact is not None and plan is not None:
                 artifact.plan, artifact.plan_at = plan, now
+                if plan.holders:
+                    artifact.seeders = plan.holders
                 artifact.plan_ttl = max(PLAN_TTL, 3 * interval)
                 artifact.plan_updated.set()
 

@@ -93,6 +93,9 @@ class Artifact:
     plan_ttl: float = 3.0
     """Seconds the plan stays fresh: three of the coordinator's report intervals."""
     plan_updated: threading.Event = field(default_factory=threading.Event)
+    seeders: tuple[str, ...] = ()
+    """Addresses of nodes holding the whole artifact, from the coordinator's first plans
+    (``OriginPlan.holders``; later plans name none, and these stay)."""
     direct_pieces: int = 0
     """Pieces read from S3 as the plan's direct share (against ``plan.direct``)."""
     peers_idle_since: float | None = None

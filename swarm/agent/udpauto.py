@@ -26,6 +26,7 @@ import libtorrent as lt
 from swarm.agent.origin import InFlight
 from swarm.agent.registry import Artifact
 from swarm.agent.rtt import (
+    RTT_PROBES,
     connect_rtt,
     endpoint_addresses,
     kernel_min_rtts,
@@ -45,6 +46,7 @@ from swarm.agent.udpchoice import (
     held_nearby,
     region_order,
     udp_wanted,
+    with_seeders,
 )
 from swarm.agent.udpsource import SOURCE, pull_pieces
 from swarm.sources.peers import TorrentSession
@@ -136,7 +138,7 @@ def auto_udp(
     cancelled, or at once when S3 is near (:func:`.udpchoice.udp_wanted`)."""
     manifest, sink = artifact.manifest, artifact.sink
     lanes: list[_Lane] = []
-    shallow = contextlib.ExitStack()  # libtorrent's shallow queues, from the first session
+    shallow = contextlib.ExitStack()  # libtorrent's shallow queues while this runs
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
@@ -144,6 +146,10 @@ def auto_udp(
         if s3_rtt is not None and not udp_wanted(s3_rtt):
             log.info("udp: S3 is near (%.1f ms): TCP's, no UDP for this fetch", s3_rtt * 1e3)
             return
+        # S3 is far (or refused): sessions will bring what libtorrent asks near peers for
+        # (FAR_REQUEST_QUEUE_SECONDS); from the start, not the first session, since the
+        # queues libtorrent fills in the fetch's first second are what comes twice
+        shallow.enter_context(session.shallow_requests())
         # S3's addresses: the kernel's least round trip to them is looked at again with
         # the holders' (below)
         s3_addresses = endpoint_addresses(getattr(artifact.client, "endpoint_url", None))
@@ -203,7 +209,10 @@ def auto_udp(
                 artifact.cancel.wait(min(0.5, max(0.05, wait)))
                 continue
             peers = handle.get_peer_info()  # once a look: a Python object per peer
-            everyone = holders_of(peers, own_ip)
+            connected = holders_of(peers, own_ip)
+            # and the seeders the coordinator named: far-region's nodes had them in their
+            # first plan half a second before libtorrent's announce and connects
+            everyone = with_seeders(connected, artifact.seeders, own_ip)
             holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in busy]
             rtts = kernel_min_rtts() if holders else {}
             s3_now = s3_near_now(rtts, s3_addresses)
@@ -249,7 +258,10 @@ def auto_udp(
             how = "kernel's least" if kernel is not None else "connect"
             rtt = kernel if kernel is not None else far.get(holder.ip)
             if rtt is None:
-                rtt = connect_rtt(holder.ip, port)
+                # a named seeder not connected yet is timed by one connect, not three
+                # (the kernel's handshake time, at the fetch's start: queues still empty)
+                named = holder.ip not in {h.ip for h in connected}
+                rtt = connect_rtt(holder.ip, port, tries=1 if named else RTT_PROBES)
             if rtt is None:
                 log.info("udp: %s:%d refuses connections", holder.ip, port)
                 penalties.add(holder.ip)
@@ -261,8 +273,6 @@ def auto_udp(
                 continue
             if holder.ip not in far:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
-            if not far:  # the first far session (FAR_REQUEST_QUEUE_SECONDS says why)
-                shallow.enter_context(session.shallow_requests())
             far[holder.ip] = rtt
             # a session from this holder still in its tail tells the path's rate best
             running = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == holder.ip]

@@ -170,6 +170,14 @@ class Holder:
     pieces: Sequence[bool]
 
 
+def with_seeders(holders: Sequence[Holder], seeders: Iterable[str], own_ip: str) -> list[Holder]:
+    """``holders`` (libtorrent's connected peers) and the seeders the coordinator named
+    (``Artifact.seeders``) that are not among them yet, as seeds."""
+    known = {h.ip for h in holders} | {own_ip}
+    named = [Holder(ip, True, ()) for ip in dict.fromkeys(seeders) if ip not in known]
+    return [*holders, *named]
+
+
 def best_holder(
     holders: Sequence[Holder],
     missing: Sequence[int],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 
 MAX_PLANS: Final = 64
 """Plans in one reply (one per reported artifact with a bitfield, in report order)."""
+
+MAX_PLAN_HOLDERS: Final = 8
+"""Seeders named in a plan (:func:`seeders_for`)."""
 
 
 STORE: Final = web.AppKey("store", PeerStore)
@@ -188,7 +192,9 @@ def handle_report(
         outcome.completions = store.report(report, now, ttl)
         # an artifact the node no longer lists is gone from it (not only when it expires)
         planner.forget_unlisted(report.node, [item.info_hash for item in report.artifacts])
-        outcome.plans, rates = plan_origin(planner, report, now, outcome.interval)
+        outcome.plans, rates = plan_origin(
+            planner, report, now, outcome.interval, lambda ih: seeders_for(store, ih, report, now)
+        )
         store.set_spare(report.addr, spare_upload(rates))
     except Exception as error:  # StoreFull, GeometryError, a store that does not answer
         outcome.error = error
@@ -227,11 +233,32 @@ def _unavailable(reason: str, interval: float) -> web.Response:
     )
 
 
+def seeders_for(store: PeerStore, info_hash: str, report: NodeReport, now: float) -> list[str]:
+    """Addresses of up to :data:`MAX_PLAN_HOLDERS` nodes that hold all of ``info_hash``
+    (announced seeders other than the reporting node), a different few for each node
+    (ranked by a hash of the node and the address, as the nodes rank UDP holders)."""
+    own = report.addr.rsplit(":", 1)[0].strip("[]") if report.addr else None
+    try:
+        records = store.peers(bytes.fromhex(info_hash), now)
+    except ValueError:
+        return []
+    ips = {r.ip for r in records if r.seeder and r.ip != own}
+    ranked = sorted(ips, key=lambda ip: hashlib.sha1(f"{report.node} {ip}".encode()).digest())
+    return ranked[:MAX_PLAN_HOLDERS]
+
+
 def plan_origin(
-    planner: StripePlanner, report: NodeReport, now: float, interval: float
+    planner: StripePlanner,
+    report: NodeReport,
+    now: float,
+    interval: float,
+    seeders: Callable[[str], list[str]] | None = None,
 ) -> tuple[dict[str, object], list[NodeRates]]:
     """Stripes and modes for each artifact the node reported with its bitfield, and the
-    node's rates for them."""
+    node's rates for them. A node that holds none of an artifact yet is also told its
+    seeders (``seeders``, by info-hash; the plan's ``holders``): where they are far, its
+    UDP source pulls from them before libtorrent has announced and connected (far-region:
+    half a second, of the five round trips a far node's start takes)."""
     plans: dict[str, object] = {}
     rates: list[NodeRates] = []
     for item in report.artifacts:
@@ -255,7 +282,10 @@ def plan_origin(
         if plan.rates is not None:
             rates.append(plan.rates)
         if len(plans) < MAX_PLANS:
-            plans[item.info_hash] = plan.to_json()
+            body = plan.to_json()
+            if seeders is not None and not item.complete and not any(item.pieces):
+                body["holders"] = seeders(item.info_hash)
+            plans[item.info_hash] = body
     return plans, rates
 
 

@@ -31,7 +31,7 @@ window) is not limited by these, only what waits to be sent."""
 
 
 FAR_REQUEST_QUEUE_SECONDS: Final = 1
-"""libtorrent's ``request_queue_time`` while a node pulls pieces over UDP from far holders
+"""libtorrent's ``request_queue_time`` while a fetch's S3 is far and its UDP source runs
 (:meth:`swarm.sources.peers.TorrentSession.shallow_requests`), against libtorrent's 3:
 each peer connection keeps this many seconds of its rate in block requests, and every
 piece a UDP session brings while libtorrent has it requested from a near peer arrives

@@ -308,7 +308,7 @@ class TorrentSession:
     @contextlib.contextmanager
     def shallow_requests(self) -> Iterator[None]:
         """Request queues of :data:`~swarm.sources.ltsettings.FAR_REQUEST_QUEUE_SECONDS`
-        while any caller holds this (a fetch pulling over UDP from far holders), then
+        while any caller holds this (a fetch whose S3 is far: its UDP source), then
         libtorrent's again."""
         with self._lock:
             self._shallow += 1

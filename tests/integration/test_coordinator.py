@@ -394,6 +394,30 @@ def test_geometry_that_disagrees_with_the_known_artifact_is_refused(server: Serv
     assert status == 200 and body["plans"][INFO_HASH.hex()]["stripe"] == []  # all a's
 
 
+def test_a_node_that_holds_nothing_is_told_the_seeders(server: Server) -> None:
+    """Its UDP source can start from them before libtorrent has announced and connected
+    (OriginPlan.holders): seeders only, not the node itself, and only while it holds no
+    piece (later reports need no store lookup)."""
+    server.announce(peer_id=pid(1), port=7001, ip="192.0.2.10", left=0)
+    server.announce(peer_id=pid(2), port=7002, ip="192.0.2.11", left=0)
+    server.announce(peer_id=pid(3), port=7003, ip="192.0.2.12", left=4096)
+    geometry = {"size": 4 << 20, "piece_size": 1 << 20, "piece_count": 4}
+    empty = base64.b64encode(b"\x00").decode()
+    status, body = server.post_json(
+        "/v1/report", report("a", "10.3.0.1:1", pieces=empty, **geometry)
+    )
+    assert status == 200
+    plan = body["plans"][INFO_HASH.hex()]
+    assert sorted(plan["holders"]) == ["192.0.2.10", "192.0.2.11"]
+    status, body = server.post_json(
+        "/v1/report", report("s", "192.0.2.10:7001", pieces=empty, **geometry)
+    )
+    assert body["plans"][INFO_HASH.hex()]["holders"] == ["192.0.2.11"]
+    one = base64.b64encode(b"\x80").decode()
+    status, body = server.post_json("/v1/report", report("a", "10.3.0.1:1", pieces=one, **geometry))
+    assert status == 200 and "holders" not in body["plans"][INFO_HASH.hex()]
+
+
 def test_a_full_coordinator_refuses_with_503_and_keeps_serving(tmp_path: Path) -> None:
     clock = FakeClock()
     app = make_app(MemoryPeerStore(max_nodes=2, max_peers=1), clock=clock)

@@ -32,7 +32,9 @@ from swarm.agent.udpchoice import (
     region_order,
     s3_far,
     udp_wanted,
+    with_seeders,
 )
+from swarm.messages import OriginPlan
 
 MiB = 1 << 20
 
@@ -195,6 +197,19 @@ def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -
     assert best_holder([a, b, s], [0, 1, 2], skip=lambda ip: False) == s
     assert best_holder([a, b, s], [0, 1, 2], skip=lambda ip: ip == s.ip) == a
     assert best_holder([b], [1, 2], skip=lambda ip: False) is None  # holds none of it
+
+
+def test_the_seeders_a_plan_names_are_holders_until_libtorrent_connects_them() -> None:
+    plan = OriginPlan.from_json(
+        {"stripe": [], "holders": ["10.0.0.4", "10.0.0.5", "not an address", 7, "10.0.0.9"]}
+    )
+    assert plan is not None and plan.holders == ("10.0.0.4", "10.0.0.5", "10.0.0.9")
+    assert OriginPlan.from_json({"stripe": [], "holders": "10.0.0.4"}) is None
+    connected = Holder("10.0.0.4", seed=False, pieces=[True, False])
+    found = with_seeders([connected], plan.holders, own_ip="10.0.0.9")
+    # libtorrent's view of a connected one stands; this node is no holder of its own
+    assert found == [connected, Holder("10.0.0.5", seed=True, pieces=())]
+    assert best_holder(found, [1], skip=lambda ip: False) == found[1]
 
 
 def test_far_nodes_spread_over_equal_seeds() -> None:
