@@ -606,7 +606,7 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
             report = parse_report(payload)
             interval = report_interval(store.node_count(now), 2000)
             store.report(report, now, 10)
-            plans, _ = plan_origin(planner, report, now, interval)
+            plans, _, _ = plan_origin(planner, report, now, interval)
             members = store.members(parse_epoch(payload.get("members_epoch")), now)
             json.dumps({"ok": True, "interval": interval, "plans": plans})
             spent += time.process_time() - began

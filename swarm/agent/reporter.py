@@ -129,6 +129,9 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                         interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(asked)))
                         daemon.report_interval = interval
                     daemon.take_plans(reply.get("plans") or {}, interval)
+                    link = reply.get("link")
+                    if isinstance(link, int | float) and link > 0:
+                        daemon.take_link(float(link))
                     if members.apply(reply):
                         daemon.take_members(sorted(members.ips))
                 wait = interval

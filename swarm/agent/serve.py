@@ -161,6 +161,13 @@ async def serve(
         )
         await udp_server.start()
         daemon.udp_port = udp_port
+        if not upload_limit:  # the operator's budget stands; else the measured link's
+            server = udp_server
+
+            def budget(bytes_per_s: float) -> None:
+                server.set_rate_cap(bytes_per_s * 8)
+
+            daemon.on_link = budget
         log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
     if on_ready:
         tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ from swarm.coordinator.load import Load, report_interval, stretched_interval, wa
 from swarm.coordinator.metrics import Clock, Metrics
 from swarm.coordinator.origin import StripePlanner
 from swarm.coordinator.planstate import GeometryError, bits
-from swarm.coordinator.rates import NodeRates, spare_upload
+from swarm.coordinator.rates import NodeRates, link_capacity, spare_upload
 from swarm.coordinator.reports import Completion, NodeReport, ReportError, parse_report
 from swarm.coordinator.tracker import (
     Announce,
@@ -153,6 +153,8 @@ async def on_report(request: web.Request) -> web.Response:
             # History is a record, not a dependency: a full disk must not refuse reports.
             log.exception("cannot record completion of %s by %s", completion.name, completion.node)
     reply: dict[str, object] = {"ok": True, "interval": outcome.interval, "plans": outcome.plans}
+    if outcome.link > 0:
+        reply["link"] = round(outcome.link)
     members = outcome.members
     if members is None:
         return web.json_response(reply)
@@ -174,6 +176,8 @@ class _Outcome:
     plans: dict[str, object] = field(default_factory=dict)
     members: Members | None = None
     error: Exception | None = None
+    link: float = 0.0
+    """The node's link capacity as its reports show it (:func:`link_capacity`)."""
 
 
 def handle_report(
@@ -192,10 +196,11 @@ def handle_report(
         outcome.completions = store.report(report, now, ttl)
         # an artifact the node no longer lists is gone from it (not only when it expires)
         planner.forget_unlisted(report.node, [item.info_hash for item in report.artifacts])
-        outcome.plans, rates = plan_origin(
+        outcome.plans, rates, outcome.link = plan_origin(
             planner, report, now, outcome.interval, lambda ih: seeders_for(store, ih, report, now)
         )
         store.set_spare(report.addr, spare_upload(rates))
+
     except Exception as error:  # StoreFull, GeometryError, a store that does not answer
         outcome.error = error
         return outcome
@@ -253,14 +258,17 @@ def plan_origin(
     now: float,
     interval: float,
     seeders: Callable[[str], list[str]] | None = None,
-) -> tuple[dict[str, object], list[NodeRates]]:
+) -> tuple[dict[str, object], list[NodeRates], float]:
     """Stripes and modes for each artifact the node reported with its bitfield, and the
-    node's rates for them. A node that holds none of an artifact yet is also told its
+    node's rates for them, and its link as the rates of the artifacts it holds whole show
+    it (:func:`link_capacity`: a fetch's first seconds would understate it; 0 if none).
+    A node that holds none of an artifact yet is also told its
     seeders (``seeders``, by info-hash; the plan's ``holders``): where they are far, its
     UDP source pulls from them before libtorrent has announced and connected (far-region:
     half a second, of the five round trips a far node's start takes)."""
     plans: dict[str, object] = {}
     rates: list[NodeRates] = []
+    held: list[NodeRates] = []
     for item in report.artifacts:
         if item.pieces is None or item.piece_count is None or item.piece_size is None:
             continue
@@ -281,12 +289,14 @@ def plan_origin(
         )
         if plan.rates is not None:
             rates.append(plan.rates)
+            if item.complete:
+                held.append(plan.rates)
         if len(plans) < MAX_PLANS:
             body = plan.to_json()
             if seeders is not None and not item.complete and not any(item.pieces):
                 body["holders"] = seeders(item.info_hash)
             plans[item.info_hash] = body
-    return plans, rates
+    return plans, rates, link_capacity(held)
 
 
 async def on_fleet(request: web.Request) -> web.Response:

@@ -191,6 +191,15 @@ def update_rates(
     )
 
 
+def link_capacity(rates: Iterable[NodeRates]) -> float:
+    """A node's link as its reports show it (bytes/s; 0 before any interval): the most it
+    moved one way over an interval, down or up, for any artifact. Cloud links are
+    symmetric far more often than not, and a node that fetched from S3 in its region
+    showed its link's rate then: a seeder's UDP server takes this as its send budget
+    (:mod:`swarm.udp.server`), where it would otherwise send into a 1 Gbit/s budget."""
+    return max((max(r.up_peak, r.down_peak) for r in rates), default=0.0)
+
+
 def spare_upload(rates: Iterable[NodeRates]) -> float:
     """Upload headroom of a node: its peak upload EMA minus its current one, over its
     artifacts (0 for a node with no rates)."""

@@ -410,6 +410,19 @@ class UdpServer:
             self._sessions.pop(conn.session.session_id, None)
         self._share_cap()
 
+    def set_rate_cap(self, rate_cap_bps: float) -> None:
+        """A new budget for all sessions together (at least :data:`MIN_RATE_BPS`), shared
+        among the sending ones at once. Told the node's measured link, a seeder stops
+        sending four far sessions into a 1 Gbit/s budget over a 200 Mbit/s uplink, where
+        10-35% of every session's datagrams were lost in its queue."""
+        cap = max(p.MIN_RATE_BPS, int(rate_cap_bps))
+        if abs(cap - self.rate_cap_bps) > 0.1 * self.rate_cap_bps:
+            log.info(
+                "udp: sending budget %.0f Mbit/s (was %.0f)", cap / 1e6, self.rate_cap_bps / 1e6
+            )
+        self.rate_cap_bps = cap
+        self._share_cap()
+
     def _share_cap(self) -> None:
         if self._sending:
             share = self.rate_cap_bps / len(self._sending)

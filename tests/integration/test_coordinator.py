@@ -418,6 +418,27 @@ def test_a_node_that_holds_nothing_is_told_the_seeders(server: Server) -> None:
     assert status == 200 and "holders" not in body["plans"][INFO_HASH.hex()]
 
 
+def test_a_node_is_told_its_link_as_the_artifacts_it_holds_showed_it(server: Server) -> None:
+    """The UDP server's budget (``link`` in the reply): the most a node moved one way in
+    an interval, from the artifacts it holds whole; nothing from a fetch under way (its
+    first seconds understate the link)."""
+    geometry = {"size": 64 << 20, "piece_size": 1 << 20, "piece_count": 64}
+    none = base64.b64encode(bytes(8)).decode()
+    every = base64.b64encode(b"\xff" * 8).decode()
+    for step, got in enumerate((0, 20_000_000, 60_000_000)):
+        counters = {"peers": 0, "s3": got, "udp": 0}
+        fetching = report("f", "10.3.0.1:1", pieces=none, bytes_by_source=counters, **geometry)
+        status, body = server.post_json("/v1/report", fetching)
+        assert status == 200 and "link" not in body
+        held = report(
+            "s", "10.3.0.2:1", pieces=every, complete=True, bytes_by_source=counters, **geometry
+        )
+        status, body = server.post_json("/v1/report", held)
+        assert status == 200
+        server.clock.now += 1.0
+    assert body["link"] == pytest.approx(40_000_000, rel=0.05)  # its best second
+
+
 def test_a_full_coordinator_refuses_with_503_and_keeps_serving(tmp_path: Path) -> None:
     clock = FakeClock()
     app = make_app(MemoryPeerStore(max_nodes=2, max_peers=1), clock=clock)

@@ -216,6 +216,25 @@ def test_server_cap_holds_whatever_the_client_asks(artifact: FilePieces) -> None
     asyncio.run(main())
 
 
+def test_a_budget_given_later_holds_like_the_first(artifact: FilePieces) -> None:
+    """A daemon learns its link from the coordinator after its server started: the new
+    budget (UdpServer.set_rate_cap) is what sessions share from then on."""
+    cap = 40_000_000
+
+    async def main() -> None:
+        async with serve(artifact, rate_cap_bps=2_000_000_000) as server:
+            server.set_rate_cap(cap)
+            assert server.rate_cap_bps == cap
+            stats = await fetch_from(
+                server, [0, 1, 2, 3], Sink(artifact), rate_bps=10**10, timeout=30
+            )
+            assert len(stats.kept) == 4
+            assert stats.sender_rate_bps <= cap
+            assert stats.seconds >= 4 * PIECE * 8 / cap * 0.95
+
+    asyncio.run(main())
+
+
 def test_pieces_held_meanwhile_are_skipped_and_not_sent(artifact: FilePieces) -> None:
     # 80 Mbit/s: 24 pieces take ~2.5 s. Once two pieces are kept, the middle third of the
     # request "arrives over TCP": the server sends none of it after the SKIP, and goes on
