@@ -73,8 +73,10 @@ from swarm.coordinator.handlers import (
     METRICS,
     PLANNER,
     POOL,
+    SEEDERS,
     STORE,
     TOKEN,
+    SeederCache,
     background,
     on_announce,
     on_fleet,
@@ -188,6 +190,7 @@ def make_app(
     app[CLOCK] = clock
     app[INTERVAL] = int(interval)
     app[PLANNER] = planner or StripePlanner()
+    app[SEEDERS] = SeederCache()
     app[BUDGET] = float(report_budget)
     app[LOAD] = Load()
     app[POOL] = ThreadPoolExecutor(workers, thread_name_prefix="store") if workers else None

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
+import random
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -55,6 +55,12 @@ MAX_PLANS: Final = 64
 
 MAX_PLAN_HOLDERS: Final = 8
 """Seeders named in a plan (:func:`seeders_for`)."""
+
+SEEDERS_TTL: Final = 1.0
+"""Seconds an artifact's list of seeders is reused (:class:`SeederCache`)."""
+
+MAX_SEEDER_LISTS: Final = 1024
+"""Artifacts whose seeders are kept at once (the cache starts afresh past it)."""
 
 
 STORE: Final = web.AppKey("store", PeerStore)
@@ -197,7 +203,11 @@ def handle_report(
         # an artifact the node no longer lists is gone from it (not only when it expires)
         planner.forget_unlisted(report.node, [item.info_hash for item in report.artifacts])
         outcome.plans, rates, outcome.link = plan_origin(
-            planner, report, now, outcome.interval, lambda ih: seeders_for(store, ih, report, now)
+            planner,
+            report,
+            now,
+            outcome.interval,
+            lambda ih: seeders_for(app[SEEDERS], store, ih, report, now),
         )
         store.set_spare(report.addr, spare_upload(rates))
 
@@ -238,18 +248,44 @@ def _unavailable(reason: str, interval: float) -> web.Response:
     )
 
 
-def seeders_for(store: PeerStore, info_hash: str, report: NodeReport, now: float) -> list[str]:
+class SeederCache:
+    """Each artifact's seeders' addresses, read from the store at most once a
+    :data:`SEEDERS_TTL`: at a scale-out every new node asks in each report until it holds
+    a piece, and one read is the whole swarm (thousands of records; a Redis round trip).
+    Worker threads share it: a race costs one read more."""
+
+    def __init__(self) -> None:
+        self._lists: dict[str, tuple[float, list[str]]] = {}
+
+    def seeders(self, store: PeerStore, info_hash: str, now: float) -> list[str]:
+        known = self._lists.get(info_hash)
+        if known is not None and 0 <= now - known[0] < SEEDERS_TTL:
+            return known[1]
+        try:
+            records = store.peers(bytes.fromhex(info_hash), now)
+        except ValueError:  # not hex: no such swarm
+            records = []
+        ips = sorted({r.ip for r in records if r.seeder})
+        if len(self._lists) >= MAX_SEEDER_LISTS:
+            self._lists = {}
+        self._lists[info_hash] = (now, ips)
+        return ips
+
+
+SEEDERS: Final = web.AppKey("seeders", SeederCache)
+
+
+def seeders_for(
+    cache: SeederCache, store: PeerStore, info_hash: str, report: NodeReport, now: float
+) -> list[str]:
     """Addresses of up to :data:`MAX_PLAN_HOLDERS` nodes that hold all of ``info_hash``
-    (announced seeders other than the reporting node), a different few for each node
-    (ranked by a hash of the node and the address, as the nodes rank UDP holders)."""
+    (announced seeders other than the reporting node): all of them, or a few drawn for
+    this node (the same few each time, other few for other nodes)."""
     own = report.addr.rsplit(":", 1)[0].strip("[]") if report.addr else None
-    try:
-        records = store.peers(bytes.fromhex(info_hash), now)
-    except ValueError:
-        return []
-    ips = {r.ip for r in records if r.seeder and r.ip != own}
-    ranked = sorted(ips, key=lambda ip: hashlib.sha1(f"{report.node} {ip}".encode()).digest())
-    return ranked[:MAX_PLAN_HOLDERS]
+    ips = [ip for ip in cache.seeders(store, info_hash, now) if ip != own]
+    if len(ips) <= MAX_PLAN_HOLDERS:
+        return ips
+    return random.Random(report.node).sample(ips, MAX_PLAN_HOLDERS)
 
 
 def plan_origin(

@@ -425,7 +425,7 @@ def test_a_node_is_told_its_link_as_the_artifacts_it_holds_showed_it(server: Ser
     geometry = {"size": 64 << 20, "piece_size": 1 << 20, "piece_count": 64}
     none = base64.b64encode(bytes(8)).decode()
     every = base64.b64encode(b"\xff" * 8).decode()
-    for step, got in enumerate((0, 20_000_000, 60_000_000)):
+    for got in (0, 20_000_000, 60_000_000):
         counters = {"peers": 0, "s3": got, "udp": 0}
         fetching = report("f", "10.3.0.1:1", pieces=none, bytes_by_source=counters, **geometry)
         status, body = server.post_json("/v1/report", fetching)

@@ -13,13 +13,19 @@ from hypothesis import strategies as st
 
 from swarm.coordinator.app import make_app
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
-from swarm.coordinator.handlers import handle_report
+from swarm.coordinator.handlers import (
+    MAX_PLAN_HOLDERS,
+    SEEDERS_TTL,
+    SeederCache,
+    handle_report,
+    seeders_for,
+)
 from swarm.coordinator.load import report_interval
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.origin import MAX_STRIPE_PIECES, StripePlanner
 from swarm.coordinator.planstate import GeometryError, MemoryPlanState, PlanState
 from swarm.coordinator.ranking import rank_peers
-from swarm.coordinator.reports import parse_report
+from swarm.coordinator.reports import PeerRecord, parse_report
 from swarm.coordinator.tracker import Announce
 
 MiB = 1 << 20
@@ -344,3 +350,38 @@ def test_the_load_governor_stretches_fast_and_shrinks_slowly() -> None:
     for _ in range(100):
         factor = govern(factor, 1.0)
     assert factor == MAX_LOAD_FACTOR
+
+
+class _CountingStore(MemoryPeerStore):
+    """The real in-memory store, counting its whole-swarm reads."""
+
+    reads = 0
+
+    def peers(self, info_hash: bytes, now: float) -> list[PeerRecord]:
+        self.reads += 1
+        return super().peers(info_hash, now)
+
+
+def test_plans_name_a_few_seeders_per_node_from_one_read_a_second() -> None:
+    """At a scale-out every new node asks for seeders in each report until it holds a
+    piece: the store's swarm is read once a SEEDERS_TTL, and a node is named the same
+    MAX_PLAN_HOLDERS of many seeders each time, others than the next node."""
+    store = _CountingStore()
+    for n in range(20):
+        seed = Announce(bytes.fromhex(HASH), bytes([n]) * 20, 6881, 0, 0, left=0)
+        store.announce(seed, f"10.0.0.{n + 1}", 0.0)
+    store.announce(Announce(bytes.fromhex(HASH), b"x" * 20, 6881, 0, 0, left=9), "10.0.1.1", 0.0)
+    cache = SeederCache()
+
+    def named(node: str, addr: str, now: float) -> list[str]:
+        report = parse_report(seeded(node, (HASH, 0)) | {"addr": addr})
+        return seeders_for(cache, store, HASH, report, now)
+
+    first = named("a", "10.0.1.1:6881", 0.0)
+    assert len(set(first)) == MAX_PLAN_HOLDERS and all(ip.startswith("10.0.0.") for ip in first)
+    assert named("a", "10.0.1.1:6881", 0.5) == first
+    assert named("b", "10.0.1.2:6881", 0.6) != first
+    assert "10.0.0.3" not in named("s", "10.0.0.3:6881", 0.7)  # a seeder is not its own
+    assert store.reads == 1
+    named("a", "10.0.1.1:6881", 0.0 + SEEDERS_TTL)
+    assert store.reads == 2
