@@ -104,6 +104,13 @@ def resolve(client: S3Client, source: str, catalog: str | None) -> S3Url:
 
 def load_manifest(client: S3Client, url: S3Url, secret: str | None = None) -> Manifest:
     """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``)."""
+    return read_manifest(client, url, secret)[0]
+
+
+def read_manifest(
+    client: S3Client, url: S3Url, secret: str | None = None
+) -> tuple[Manifest, bytes]:
+    """:func:`load_manifest`, and the bytes it was read from."""
     target = S3Url(url.bucket, manifest_key(url.key))
     try:
         data = _read(client, target)
@@ -115,7 +122,7 @@ def load_manifest(client: S3Client, url: S3Url, secret: str | None = None) -> Ma
             f"swarm: {url} names a directory, but {target} is a single file's manifest: "
             f"fetch s3://{url.bucket}/{url.key[:-1]} instead"
         )
-    return manifest
+    return manifest, data
 
 
 def _read(client: S3Client, url: S3Url) -> bytes:

@@ -66,6 +66,9 @@ class FetchRequest:
         listen, coordinator: what the CLI was told; a running daemon that was started
             otherwise refuses the request rather than ignore them.
         peers_from_asg: an Auto Scaling group whose instances the daemon dials as peers.
+        manifest: the artifact's manifest (its JSON text) as ``swarm fetch`` read it
+            while the daemon it started came up; the daemon checks it as one it reads
+            itself (and its signature, with a fleet secret). None: the daemon reads it.
     """
 
     source: str
@@ -77,6 +80,7 @@ class FetchRequest:
     listen: str | None = None
     coordinator: str | None = None
     peers_from_asg: str | None = None
+    manifest: str | None = None
 
     @classmethod
     def from_json(cls, body: object) -> FetchRequest:
@@ -101,6 +105,7 @@ class FetchRequest:
             listen=_optional_str(body, "listen"),
             coordinator=_optional_str(body, "coordinator"),
             peers_from_asg=_optional_str(body, "peers_from_asg"),
+            manifest=_optional_str(body, "manifest"),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -289,8 +289,16 @@ class Daemon:
         client = S3Client(
             request.endpoint_url or self.settings.endpoint_url, max_attempts=DAEMON_S3_ATTEMPTS
         )
-        url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
-        manifest = catalog.load_manifest(client, url, self.settings.secret)
+        if request.manifest is not None:  # read by swarm fetch while this daemon started
+            manifest = Manifest.loads(
+                request.manifest.encode(),
+                self.settings.secret,
+                origin=f"{request.source} (as swarm fetch read it)",
+            )
+            log.info("%s: manifest as swarm fetch read it while this daemon started", manifest.name)
+        else:
+            url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
+            manifest = catalog.load_manifest(client, url, self.settings.secret)
         if request.dest:
             treefs.check_dest_kind(manifest, Path(request.dest))
         dest = Path(request.dest) if request.dest and not request.copy else None

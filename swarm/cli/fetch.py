@@ -191,7 +191,7 @@ def _fetch_with_daemon(
     copy: bool = False,
     coordinator_flag: str | None = None,
 ) -> dict[str, Any]:
-    from swarm.agent.client import ensure_daemon, fetch_via_daemon
+    from swarm.agent.client import ManifestPreread, ensure_daemon, fetch_via_daemon
     from swarm.agent.store import check_dest
     from swarm.fleetauth import fleet_token
     from swarm.messages import SOURCES, FetchRequest
@@ -200,7 +200,16 @@ def _fetch_with_daemon(
     dest = dest.absolute()
     check_dest(dest, directory_ok=True)  # the daemon checks again once it knows the artifact
     token = fleet_token(settings.secret) if settings.secret else None
-    client = ensure_daemon(settings.home, listen, settings.coordinator, peers_from_asg, token)
+    preread: list[ManifestPreread] = []
+
+    def read_ahead() -> None:  # while the daemon this command starts comes up
+        preread.append(
+            ManifestPreread(source, settings.catalog, settings.endpoint_url, settings.secret)
+        )
+
+    client = ensure_daemon(
+        settings.home, listen, settings.coordinator, peers_from_asg, token, read_ahead
+    )
     request = FetchRequest(
         source=source,
         dest=str(dest),
@@ -211,6 +220,7 @@ def _fetch_with_daemon(
         listen=listen,
         coordinator=coordinator_flag,
         peers_from_asg=peers_from_asg,
+        manifest=preread[0].result() if preread else None,
     )
     progress = DaemonProgress(use_json)
     try:
