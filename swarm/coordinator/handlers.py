@@ -210,7 +210,6 @@ def handle_report(
             lambda ih: seeders_for(app[SEEDERS], store, ih, report, now),
         )
         store.set_spare(report.addr, spare_upload(rates))
-
     except Exception as error:  # StoreFull, GeometryError, a store that does not answer
         outcome.error = error
         return outcome
