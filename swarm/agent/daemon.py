@@ -133,7 +133,9 @@ class Daemon:
         self._lock = threading.Lock()
         self.wake_reporter: Callable[[], object] = lambda: None
         self.on_link: Callable[[float], object] = lambda bytes_per_s: None
-        """Told the node's link capacity as the coordinator measured it (``take_link``)."""
+        """Told the coordinator's measure of this node's link (bytes/s: the most its
+        reports moved one way in an interval): the UDP server's send budget, unless the
+        operator gave one (see ``serve``)."""
         self.start_asg: Callable[[str], object] = lambda group: None
         self.asg_groups: set[str] = set()
         self.extra_peers: list[tuple[str, int]] = []
@@ -515,11 +517,6 @@ class Daemon:
                     artifact.seeders = plan.holders
                 artifact.plan_ttl = max(PLAN_TTL, 3 * interval)
                 artifact.plan_updated.set()
-
-    def take_link(self, bytes_per_s: float) -> None:
-        """The coordinator's measure of this node's link (the most its reports moved one
-        way in an interval): the UDP server's send budget, unless the operator gave one."""
-        self.on_link(bytes_per_s)
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -131,7 +131,7 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                     daemon.take_plans(reply.get("plans") or {}, interval)
                     link = reply.get("link")
                     if isinstance(link, int | float) and link > 0:
-                        daemon.take_link(float(link))
+                        daemon.on_link(float(link))
                     if members.apply(reply):
                         daemon.take_members(sorted(members.ips))
                 wait = interval

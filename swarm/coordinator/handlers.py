@@ -30,6 +30,7 @@ from swarm.coordinator.fleet import (
     Members,
     PeerStore,
     StoreFull,
+    host_of,
     parse_epoch,
 )
 from swarm.coordinator.history import History
@@ -280,7 +281,7 @@ def seeders_for(
     """Addresses of up to :data:`MAX_PLAN_HOLDERS` nodes that hold all of ``info_hash``
     (announced seeders other than the reporting node): all of them, or a few drawn for
     this node (the same few each time, other few for other nodes)."""
-    own = report.addr.rsplit(":", 1)[0].strip("[]") if report.addr else None
+    own = host_of(report.addr)
     ips = [ip for ip in cache.seeders(store, info_hash, now) if ip != own]
     if len(ips) <= MAX_PLAN_HOLDERS:
         return ips

@@ -3,12 +3,15 @@ over (ManifestPreread): against a real S3 server (moto) and a real daemon."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import boto3
 
 from swarm.agent.client import ManifestPreread
+from swarm.catalog import entry_url
 from swarm.manifest import manifest_key
+from swarm.s3http import S3Url
 from tests.swarmnet import Swarm, done_event
 
 READ_AHEAD = "manifest as swarm fetch read it while this daemon started"
@@ -30,12 +33,11 @@ def test_a_read_that_fails_leaves_it_to_the_daemon(env: dict[str, str], artifact
     catalog, endpoint = env["SWARM_CATALOG"], env["AWS_ENDPOINT_URL"]
     assert ManifestPreread("no-such-name", catalog, endpoint, None).result(10) is None
     text = ManifestPreread("index.db", catalog, endpoint, None).result(10)
-    bucket = catalog.removeprefix("s3://").split("/")[0]
+    # the manifest beside the object the catalog entry names, as S3 holds it
     s3 = boto3.client("s3", endpoint_url=endpoint)
-    key = next(
-        o["Key"]
-        for o in s3.list_objects_v2(Bucket=bucket)["Contents"]
-        if o["Key"].endswith(".swarm")
-    )
-    assert text == s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
-    assert key == manifest_key(key.removesuffix(".swarm"))
+    entry = entry_url(catalog, "index.db")
+    body = s3.get_object(Bucket=entry.bucket, Key=entry.key)["Body"].read()
+    published = S3Url.parse(json.loads(body)["url"])
+    key = manifest_key(published.key)
+    assert key in {o["Key"] for o in s3.list_objects_v2(Bucket=published.bucket)["Contents"]}
+    assert text == s3.get_object(Bucket=published.bucket, Key=key)["Body"].read().decode()
