@@ -39,7 +39,10 @@ arriving piece wakes it at once)."""
 class Completion:
     """The daemon's finishing of its artifacts. ``extra_peers``: the peers to connect a
     re-added torrent to (the daemon's list of the moment); ``start_source``: (re)start
-    one of an artifact's sources (the S3 reader, to repair pieces)."""
+    one of an artifact's sources (the S3 reader, to repair pieces); ``verified``: told
+    when an artifact is verified (the daemon reports at once: until its next report the
+    coordinator counts it as fetching, and a node that starts meanwhile was planned as
+    part of the finished cohort, WIDE beside seeders it did not know of)."""
 
     def __init__(
         self,
@@ -48,12 +51,14 @@ class Completion:
         trackers: list[str],
         extra_peers: Callable[[], list[tuple[str, int]]],
         start_source: Callable[[Artifact, str], None],
+        verified: Callable[[], object] = lambda: None,
     ) -> None:
         self.session = session
         self.home = home
         self.trackers = trackers
         self.extra_peers = extra_peers
         self.start_source = start_source
+        self.verified = verified
 
     def start(self, artifact: Artifact) -> None:
         """Once per artifact: hash while it downloads, then verify and place it."""
@@ -184,6 +189,7 @@ class Completion:
         else:
             artifact.identity = identity
             artifact.verified.set()
+            self.verified()
             self.session.save_resume(artifact.info_hash)
             log.info("%s verified at %s%s", artifact.manifest.name, artifact.final_path,
                      _redundant(self.session, artifact.info_hash))  # fmt: skip

@@ -163,7 +163,12 @@ class Daemon:
         if self.token:
             self.session.admit_only([])  # nobody, until the coordinator names the members
         self.completion = Completion(
-            self.session, self.home, self.trackers, lambda: self.extra_peers, self._start_source
+            self.session,
+            self.home,
+            self.trackers,
+            lambda: self.extra_peers,
+            self._start_source,
+            lambda: self.wake_reporter(),
         )
 
     # -- the registry -----------------------------------------------------------------------
