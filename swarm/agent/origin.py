@@ -79,6 +79,11 @@ class InFlight:
         return self._pieces
 
 
+def _either(first: Callable[[], bool] | None, second: Callable[[], bool]) -> Callable[[], bool]:
+    """A batch's ``stop``: ``first`` (if any) or ``second`` says so."""
+    return second if first is None else lambda: first() or second()
+
+
 def writing_directly(artifact: Artifact, state: TorrentState) -> DirectSink | None:
     """The sink through which the reader writes the file itself from now on
     (:mod:`.direct`); None while libtorrent is still looking at the file (its check
@@ -152,7 +157,7 @@ def read_origin(
         plan = fresh_plan()
         return plan is not None and plan.mode == Mode.ALL
 
-    def read(batch: Batch, planned: bool) -> None:
+    def read(batch: Batch, planned: bool, yield_to_udp: bool = True) -> None:
         # Once the reader writes into the file itself, it goes on doing so (libtorrent
         # learns of those pieces when the verified file is handed to it), except for a
         # plan's batch other than ALL: that one is for sharing, and goes through
@@ -171,6 +176,8 @@ def read_origin(
             stop = all_taken_back
         elif planned and batch.kind is BatchKind.WIDE:
             stop = all_given
+        if yield_to_udp:  # and any batch stops once UDP carries the WAN (see below)
+            stop = _either(stop, artifact.udp_carries_wan)
         # A planned batch's pieces are kept from peers while S3 brings them
         # (swarm.batch.kept_from_peers says which), except where S3 is far: across 100 ms
         # and 0.5% loss, held-back pieces of a direct share kept far-region's nodes
@@ -214,7 +221,14 @@ def read_origin(
                     state.finished.wait(0.05)
                     continue
                 held = direct.held()
-                read(Batch(BatchKind.FILL, [i for i in repair if i not in held]), False)
+                read(Batch(BatchKind.FILL, [i for i in repair if i not in held]), False, False)
+                continue
+            if artifact.udp_carries_wan():
+                # S3 is far and UDP brings the region its bytes from the holders, dealt
+                # among the region's nodes; S3's reads across the WAN are not dealt, take
+                # the downlink the region's exchange needs, and come slowly over a lossy
+                # path (far-region: ...).
+                state.finished.wait(0.1)
                 continue
             now = time.monotonic()
             plan = fresh_plan()

@@ -108,6 +108,10 @@ class Artifact:
     """Restored from a record that says its whole file matched before the restart."""
     s3_busy: BusyClock = field(default_factory=BusyClock)
     """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
+    udp_carries_wan_until: float = 0.0
+    """Until when (monotonic) UDP brings this node's bytes from across the WAN, and the S3
+    reader leaves S3 alone: set while S3 is far and UDP looks for far holders or pulls
+    from them (:func:`swarm.agent.udpauto.auto_udp`)."""
     _repair: set[int] = field(default_factory=set)
     _repair_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -116,6 +120,11 @@ class Artifact:
         the S3 reader writes them into the file itself."""
         with self._repair_lock:
             self._repair.update(pieces)
+
+    def udp_carries_wan(self) -> bool:
+        """Whether UDP is bringing (or still looking for) what crosses the WAN: the S3
+        reader then reads nothing from a far S3 (see ``read_origin``)."""
+        return time.monotonic() < self.udp_carries_wan_until
 
     def take_repair(self) -> list[int]:
         with self._repair_lock:

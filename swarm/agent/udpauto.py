@@ -37,6 +37,7 @@ from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
     MAX_LANES,
     NEAR_RTT,
+    REGION_WAIT,
     TAIL_SHARE,
     Holder,
     RateWindow,
@@ -53,6 +54,21 @@ from swarm.sources.peers import TorrentSession
 from swarm.udp import DEFAULT_RATE_BPS, FetchStats, UdpAuthError, UdpError
 
 log = logging.getLogger(__name__)
+
+FIND_HOLDER_SECONDS: Final = 2.0
+"""While S3 is far, the S3 reader leaves it alone this long from the fetch's start for UDP
+to find a far holder (:meth:`~swarm.agent.registry.Artifact.udp_carries_wan`), then as
+long as sessions run and :data:`LANE_GAP_SECONDS` after. far-region's nodes read a few
+pieces from S3 across the 100 ms, 0.5% loss WAN (2% of their bytes, 1-3 s a piece, not
+dealt among the region, and fetched again by libtorrent from the region's peers):
+without them 8.53, 8.48, 9.08, 8.71 s against 8.80, 9.08, 9.56, 8.68 in runs just
+before (CPU 14 against 17 CPU-s per node and GiB), and the far nodes' downlinks carried
+144-149 MB each for the 134 MB artifact against 150-165. A far node without a UDP holder
+reads S3 after the wait."""
+
+LANE_GAP_SECONDS: Final = 1.0
+"""See :data:`FIND_HOLDER_SECONDS`: the gap between one session and the next is the
+loop's look (at most half a second) and a holder's choice."""
 
 ASK_HEADROOM: Final = 2.0
 """A holder's next session asks for this multiple of the rate its last session delivered
@@ -138,7 +154,7 @@ def auto_udp(
     cancelled, or at once when S3 is near (:func:`.udpchoice.udp_wanted`)."""
     manifest, sink = artifact.manifest, artifact.sink
     lanes: list[_Lane] = []
-    shallow = contextlib.ExitStack()  # libtorrent's shallow queues while this runs
+    scoped = contextlib.ExitStack()  # what holds while this runs: shallow queues, S3 left to UDP
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
@@ -149,13 +165,18 @@ def auto_udp(
         # S3 is far (or refused): sessions will bring what libtorrent asks near peers for
         # (FAR_REQUEST_QUEUE_SECONDS); from the start, not the first session, since the
         # queues libtorrent fills in the fetch's first second are what comes twice
-        shallow.enter_context(session.shallow_requests())
+        scoped.enter_context(session.shallow_requests())
+        # and the S3 reader leaves the far S3 to UDP while it finds a far holder (the
+        # coordinator names the seeders in its first plans) and while sessions run
+        artifact.udp_carries_wan_until = time.monotonic() + FIND_HOLDER_SECONDS
+        scoped.callback(setattr, artifact, "udp_carries_wan_until", 0.0)
         # S3's addresses: the kernel's least round trip to them is looked at again with
         # the holders' (below)
         s3_addresses = endpoint_addresses(getattr(artifact.client, "endpoint_url", None))
         choice = UdpChoice(time.monotonic())
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
+        first_far = 0.0  # when the first far holder was found (monotonic)
         near_ips: set[str] = set()
         asks: dict[str, int] = {}  # holder -> bit/s its next session asks for
 
@@ -186,6 +207,15 @@ def auto_udp(
                 penalties.add(lane.ip, choice.backoff)
             choice.ended(time.monotonic(), lane.rate, paid)
 
+        def wait_for_holders(holders: list[Holder], now: float) -> None:
+            """Nothing to pull from anyone now: wait on the lanes, or for holders."""
+            if lanes:
+                artifact.cancel.wait(0.25)
+            elif holders and not any(not penalties.skip(h.ip) for h in holders):
+                choice.all_near(now)
+            else:
+                choice.no_holder(now)  # none yet (libtorrent still connecting)
+
         window = RateWindow()  # TCP's bytes/s, near peers too: whether UDP is worth trying
 
         def tcp_bytes() -> int:
@@ -196,6 +226,10 @@ def auto_udp(
             for lane in [lane for lane in lanes if not lane.running]:
                 lanes.remove(lane)
                 reap(lane)
+            if lanes:
+                artifact.udp_carries_wan_until = max(
+                    artifact.udp_carries_wan_until, time.monotonic() + LANE_GAP_SECONDS
+                )
             # a lane in its tail makes room: the next session's handshake and ramp (a
             # second or so on a 100 ms path) overlap the tail instead of following it
             busy = {lane.ip for lane in lanes if not lane.in_tail()}
@@ -230,26 +264,8 @@ def auto_udp(
             holder = best_holder(
                 holders, missing, penalties.skip, lambda ip: _node_hash(node_id, ip)
             )
-            claimed = {i for lane in lanes for i in lane.pieces}
-            pieces = (
-                batch_pieces(
-                    [i for i in missing if i not in claimed],
-                    holder,
-                    in_flight(),
-                    max(1, want // manifest.piece_size),
-                    region_order(own_ip, near_peers(peers, own_ip, rtts), manifest.layout.count),
-                    held_nearby(everyone, near_ips.__contains__),
-                )
-                if holder is not None
-                else []
-            )
-            if holder is None or not pieces:
-                if lanes:
-                    artifact.cancel.wait(0.25)
-                elif holders and not any(not penalties.skip(h.ip) for h in holders):
-                    choice.all_near(now)
-                else:
-                    choice.no_holder(now)  # none yet (libtorrent still connecting)
+            if holder is None:
+                wait_for_holders(holders, now)
                 continue
             # The kernel's round trip of libtorrent's connection (read afresh: a near
             # peer first timed behind a full queue looks far until the queue drains once),
@@ -273,7 +289,28 @@ def auto_udp(
                 continue
             if holder.ip not in far:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
+                far[holder.ip] = rtt
+                first_far = first_far or time.monotonic()
+                continue  # libtorrent may have met this node's region meanwhile: look again
             far[holder.ip] = rtt
+            region = near_peers(peers, own_ip, rtts)
+            if not region and not lanes and time.monotonic() - first_far < REGION_WAIT:
+                # the named seeders come before libtorrent has met the region's peers:
+                # a session dealt as if alone pulls pieces the region's others pull too
+                artifact.cancel.wait(0.05)
+                continue
+            claimed = {i for lane in lanes for i in lane.pieces}
+            pieces = batch_pieces(
+                [i for i in missing if i not in claimed],
+                holder,
+                in_flight(),
+                max(1, want // manifest.piece_size),
+                region_order(own_ip, region, manifest.layout.count),
+                held_nearby(everyone, near_ips.__contains__),
+            )
+            if not pieces:
+                wait_for_holders(holders, now)
+                continue
             # a session from this holder still in its tail tells the path's rate best
             running = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == holder.ip]
             ask = max((a for a in running if a), default=asks.get(holder.ip, DEFAULT_RATE_BPS))
@@ -288,7 +325,7 @@ def auto_udp(
             lane.stop.set()
         for lane in lanes:
             lane.join()
-        shallow.close()
+        scoped.close()
 
 
 def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:

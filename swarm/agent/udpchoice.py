@@ -47,6 +47,14 @@ the first wait when every holder is near, doubling from there to
 :data:`PROBE_BACKOFF_CAP` (a far holder may connect later: far nodes meet their own
 region's peers first)."""
 
+REGION_WAIT: Final = 0.25
+"""Seconds a fetch's first session waits, once a far holder is found, for libtorrent to
+meet a peer of this node's own region (a near one): sessions are dealt among the region
+(:func:`region_order`), and the seeders the coordinator names come before libtorrent's
+connects. far-region's four nodes started their first sessions dealt as if alone, 0.1 s
+before they met each other, and pulled overlapping pieces across the WAN. A node alone
+in its region waits this long once."""
+
 WORTH_SECONDS: Final = 5.0
 """Try UDP only while TCP would take at least this long for what is missing: a fast
 fleet finishes first, and never sends a UDP datagram."""
@@ -260,22 +268,27 @@ def region_order(own_ip: str, near_ips: Iterable[str], count: int) -> Callable[[
     """The order (a sort key per piece) in which this node pulls pieces over UDP, dealing
     them among its region: this node and the peers it found near.
 
-    Each piece belongs to the member that ranks it highest (rendezvous hashing: every
+    Each piece ranks the members by a hash of member and piece (rendezvous hashing: every
     node that sees the same region deals the same way, and one that sees a member fewer
-    only takes a share more). A node takes its own share first, in its rank, then the
-    others' from the far end of each owner's rank, where the owner gets last: a slow or
-    late owner is helped without two nodes pulling the same piece at once. With an
-    order of its own alone, each far node pulled a random 40% of the pieces, and the
-    region's sessions carried 1.6 copies of the artifact across the WAN where one would
-    do: the rest is the region's own exchange."""
+    only takes a share more). The first member is the piece's owner, the second its first
+    helper, and so on. A node takes its own share first, in its rank, then the pieces it
+    is first helper of, then second, ..., each from the far end of its owner's rank, where
+    the owner gets last: a slow or late owner is helped without two nodes pulling the same
+    piece at once. With an order of its own alone, each far node pulled a random 40% of
+    the pieces, and the region's sessions carried 1.6 copies of the artifact across the
+    WAN where one would do: the rest is the region's own exchange. With one helper order
+    for all (the far end of each owner's share), every helper took the same pieces: the
+    four far-region nodes' second sessions pulled the same 16 pieces from the seeders."""
     region = sorted({own_ip, *near_ips})
     ranks = [_ranks(ip, count) for ip in region]
     me = region.index(own_ip)
 
     def key(index: int) -> tuple[int, int]:
-        owner = max(range(len(region)), key=lambda m: ranks[m][index])
-        rank = ranks[owner][index]
-        return (0, rank) if owner == me else (1, -rank)
+        mine = ranks[me][index]
+        above = [r[index] for r in ranks if r[index] > mine]
+        if not above:
+            return (0, mine)  # owner
+        return (len(above), -max(above))  # helper: from the far end of the owner's rank
 
     return key
 

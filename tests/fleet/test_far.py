@@ -89,3 +89,19 @@ def test_far_node_does_not_take_an_all_plan_measured_near_s3(one_far_node: Fleet
     by = node.bytes_by_source or {}
     assert by.get("s3", 0) <= SIZE // 4, by
     assert by.get("udp", 0) >= SIZE // 4, by
+
+
+def test_far_node_leaves_a_far_s3_to_udp(one_far_node: FleetConfig) -> None:
+    """S3 answers the far node, 100 ms and 0.5% loss away, and the seeders near it serve
+    UDP: the node's S3 reader leaves S3 to the UDP sessions (their pieces are dealt among
+    a far region's nodes; S3's reads across the WAN are not, and crawl on a lossy path),
+    while they look for a holder and while they run. Before the change the coordinator's
+    stripes and fills had it read pieces across the WAN beside UDP."""
+    with started_fleet(one_far_node, lab_name="fs") as fleet:
+        result = fleet.run_system("swarm")
+    (node,) = result.nodes
+    assert node.sha256_ok
+    by = node.bytes_by_source or {}
+    print(by, file=sys.stderr)
+    assert by.get("s3", 0) == 0, by
+    assert by.get("udp", 0) >= SIZE // 4, by

@@ -190,6 +190,25 @@ def test_a_node_helps_with_the_others_shares_from_their_far_end() -> None:
     assert all(of_a(i)[0] == 0 for i in range(64) if three(i)[0] == 0)
 
 
+def test_the_helpers_of_a_region_are_dealt_too() -> None:
+    """Once their own shares are held in the region, four nodes' next sessions take
+    different pieces: each piece has one first helper, as it has one owner (with one
+    helper order for all, the far-region nodes' second sessions took the same 16)."""
+    ips = [f"10.0.1.{n}" for n in range(4)]
+    orders = [region_order(ip, [o for o in ips if o != ip], 128) for ip in ips]
+    for tier in range(4):
+        dealt = [[n for n, key in enumerate(orders) if key(i)[0] == tier] for i in range(128)]
+        assert all(len(d) == 1 for d in dealt), tier
+    seed = Holder("10.0.0.3", seed=True, pieces=[True] * 128)
+    owned = [{i for i in range(128) if key(i)[0] == 0} for key in orders]
+    helps = [
+        set(batch_pieces([i for i in range(128) if i not in own], seed, set(), 16, key))
+        for own, key in zip(owned, orders, strict=True)
+    ]
+    assert all(len(h) == 16 for h in helps)
+    assert all(not (a & b) for i, a in enumerate(helps) for b in helps[i + 1 :])
+
+
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
     a = Holder("10.0.0.2", seed=False, pieces=[True, True, False])
     b = Holder("10.0.0.3", seed=False, pieces=[True, False, False])
