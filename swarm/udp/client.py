@@ -146,7 +146,7 @@ class _Fetch:
                 self.fail(UdpError(f"the UDP server closed the transfer: {event.reason}"))
             elif isinstance(event, p.TransferDone):
                 self.wake.set()
-            elif isinstance(event, p.Accepted):
+            elif isinstance(event, p.Accepted | p.Authenticated):
                 self.timer_wake.set()  # probe the UDP path now, not at the next tick
         self.flush()
 

@@ -65,6 +65,14 @@ queue filling within a few intervals, long enough for ~2,000 datagrams per sampl
 and 500 Mbit/s, so a loss fraction of a few tenths of a percent is measurable."""
 PROBE_INTERVAL = 0.1
 """Seconds between PROBE datagrams until the server confirms the UDP path (PATH_OK)."""
+FIRST_PROBE_AFTER = 0.005
+"""Seconds after AUTH and REQUEST before the first PROBE: probes start with the keys (the
+server validates the path on ACCEPT if one came before), not after ACCEPT, a round trip
+later (0.1 s of each far-region session's start). Not at once: a probe that overtakes AUTH
+finds no session at the server, and the next one is :data:`PROBE_INTERVAL` later."""
+EARLY_DATA_BYTES = 1 << 20
+"""Data received before ACCEPT is read (UDP may overtake the control connection once the
+server has validated the path early) is kept up to this and taken once ACCEPT is read."""
 
 
 class ClientState(enum.Enum):
@@ -131,6 +139,8 @@ class ClientSession:
         self._data_aead: AESGCM | None = None
         self._probe: Sealer | None = None
         self._next_probe = 0.0
+        self._early: list[tuple[bytes, int]] = []  # (batch, segment) before ACCEPT
+        self._early_bytes = 0
         self._assembly: PieceAssembly | None = None
         """The pieces being received; set by ACCEPT."""
         self._loss = LossTracker()
@@ -196,6 +206,7 @@ class ClientSession:
             req = pack_request(self._info_hash, self._rate, self._block_size, self._requested)
             side.send_sealed(Msg.REQUEST, req)
             self.state = ClientState.AWAIT_ACCEPT
+            self._next_probe = now + FIRST_PROBE_AFTER
             side.pending.append(Authenticated(self.session_id))
             return
         body = side.open(kind, body)
@@ -250,6 +261,10 @@ class ClientSession:
             self._finish()
             return
         self.state = ClientState.PROBING
+        self._next_probe = 0.0  # once more now: an early probe may have been lost
+        early, self._early = self._early, []
+        for batch, segment in early:
+            self.receive_batch(memoryview(batch), len(batch), segment)
 
     # data channel
     def receive_batch(self, data: memoryview, size: int, segment: int) -> None:
@@ -262,6 +277,11 @@ class ClientSession:
         :meth:`receive_datagram`'s checks."""
         if segment <= 0:
             segment = size
+        if self.state is ClientState.AWAIT_ACCEPT:
+            if self._early_bytes + size <= EARLY_DATA_BYTES:
+                self._early.append((bytes(data[:size]), segment))
+                self._early_bytes += size
+            return
         stats = self.stats
         stats.batches += 1
         plan = self.plan
@@ -498,7 +518,7 @@ class ClientSession:
         self._side.pending.append(TransferDone())
 
     def next_timer(self) -> float | None:
-        if self.state is ClientState.PROBING:
+        if self._probing():
             return self._next_probe
         if self.state is ClientState.RECEIVING:
             return self._next_report
@@ -511,7 +531,7 @@ class ClientSession:
         (it is behind), a REPORT NAKs only blocks known lost from what it has seen (gaps,
         and retransmissions overtaken), not those merely late (the tail after the first
         pass, or a retransmission not seen yet): they may be waiting in the socket."""
-        if self.state is ClientState.PROBING:
+        if self._probing():
             if now < self._next_probe:
                 return []
             self._next_probe = now + PROBE_INTERVAL
@@ -521,6 +541,12 @@ class ClientSession:
         self._next_report = now + REPORT_INTERVAL
         self._report(now, caught_up)
         return []
+
+    def _probing(self) -> bool:
+        """PROBEs go out from the keys (AUTH sent) until the path is proven."""
+        return self.state is ClientState.PROBING or (
+            self.state is ClientState.AWAIT_ACCEPT and self._probe is not None
+        )
 
     def _seal_probe(self) -> bytes:
         assert self._probe is not None

@@ -128,6 +128,8 @@ class ServerSession:
         self._data: Sealer | None = None
         self._probe_aead: AESGCM | None = None
         self._probe_seq = -1
+        self._early_path: tuple[str, int] | None = None
+        """Where an authentic PROBE came from before accept() (see ``FIRST_PROBE_AFTER``)."""
         self._plan: BlockPlan | None = None
         self._requested_rate = 0.0
         self._target = 0.0
@@ -261,6 +263,8 @@ class ServerSession:
         self._side.send_sealed(Msg.ACCEPT, body)
         self.state = ServerState.AWAIT_PATH
         self._want_pieces()
+        if self._early_path is not None:
+            self._path(self._early_path)
 
     def refuse(self, code: RefuseCode, reason: str) -> None:
         if self.state is not ServerState.DECIDING:
@@ -360,14 +364,23 @@ class ServerSession:
             # only ever goes to the IP whose TCP handshake proved it can receive there.
             self.stats.forged += 1
             return False
-        if self.data_addr != addr and self.state in (ServerState.AWAIT_PATH, ServerState.SENDING):
-            first = self.data_addr is None
-            self.data_addr = addr
-            if first:
-                self._side.send_sealed(Msg.PATH_OK, b"")
-                self.state = ServerState.SENDING
-                self._side.pending.append(PathValidated(addr))
+        if self.state in (ServerState.AWAIT_REQUEST, ServerState.DECIDING):
+            self._early_path = addr  # sent with AUTH: the path is validated on accept()
+        elif self.data_addr != addr and self.state in (
+            ServerState.AWAIT_PATH,
+            ServerState.SENDING,
+        ):
+            self._path(addr)
         return True
+
+    def _path(self, addr: tuple[str, int]) -> None:
+        """``addr`` proved it receives for this session: data goes there (from now on)."""
+        first = self.data_addr is None
+        self.data_addr = addr
+        if first:
+            self._side.send_sealed(Msg.PATH_OK, b"")
+            self.state = ServerState.SENDING
+            self._side.pending.append(PathValidated(addr))
 
     def piece_loaded(self, index: int, data: bytes | memoryview) -> None:
         schedule = self._schedule

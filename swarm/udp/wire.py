@@ -10,7 +10,7 @@ Handshake (control channel, TCP, frames ``u32 length | u8 type | body``)::
     S -> C  ACCEPT     piece_size u32 | piece_count u32 | size u64 | block u32 | rate u64
                        | n u32 | unavailable piece u32 * n                           (sealed)
          or REFUSE     code u8 | reason                                              (sealed)
-    C => S  PROBE      datagrams from the client's data socket until PATH_OK
+    C => S  PROBE      datagrams from the client's data socket, from AUTH until PATH_OK
     S -> C  PATH_OK                                                                  (sealed)
     S => C  DATA       paced datagrams
     C -> S  REPORT     echo u64 | seq_high u64 | expected u32 | received u32

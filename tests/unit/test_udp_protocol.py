@@ -515,6 +515,37 @@ def test_forged_probes_are_dropped_and_counted() -> None:
     assert any(isinstance(e, p.PathValidated) for e in server.events())
 
 
+def test_a_probe_sent_with_auth_validates_the_path_on_accept() -> None:
+    """The client probes from its keys on, before ACCEPT: the server takes the path on
+    accept() and sends PATH_OK after ACCEPT, a round trip sooner; data that reaches the
+    client before it has read ACCEPT is kept and taken once it has."""
+    server, client = handshake()
+    assert client.state is p.ClientState.AWAIT_ACCEPT
+    assert client.next_timer() == pytest.approx(0.005)
+    (probe,) = client.handle_timer(0.01)
+    server.receive_control(client.data_to_send(), 0.01)  # AUTH and REQUEST
+    assert server.receive_datagram(probe, CLIENT_IP)
+    assert server.data_addr is None and server.state is p.ServerState.DECIDING
+    server.events()
+    server.accept(4096, 8000, [0, 1], [], 10**8, 1024)
+    assert server.data_addr == CLIENT_IP and server.state is p.ServerState.SENDING
+    pieces = random.Random(5).randbytes(8000)
+    for event in server.events():
+        if isinstance(event, p.NeedPieces):
+            for index in event.pieces:
+                server.piece_loaded(index, pieces[index * 4096 : (index + 1) * 4096])
+    data: list[bytearray] = []
+    for step in range(100):
+        data += server.handle_timer(step * 0.01)
+    assert len(data) == 8
+    for datagram in data:  # before the client has read ACCEPT
+        client.receive_batch(memoryview(datagram), len(datagram), len(datagram))
+    assert client.stats.datagrams == 0
+    client.receive_control(server.data_to_send(), 1.0)  # ACCEPT, PATH_OK
+    assert client.stats.datagrams == len(data)
+    assert client.state is p.ClientState.RECEIVING
+
+
 def test_forged_data_datagrams_are_dropped_and_counted() -> None:
     server, client = accepted_pair()
     piece0 = random.Random(3).randbytes(4096)
