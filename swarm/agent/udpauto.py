@@ -40,11 +40,13 @@ from swarm.agent.udpchoice import (
     REGION_WAIT,
     TAIL_SHARE,
     Holder,
+    OwnerProgress,
     RateWindow,
     UdpChoice,
     batch_pieces,
     best_holder,
     held_nearby,
+    owners_next,
     region_order,
     udp_wanted,
     with_seeders,
@@ -177,6 +179,8 @@ def auto_udp(
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
         first_far = 0.0  # when the first far holder was found (monotonic)
+        owners = OwnerProgress(time.monotonic)  # the region's members' own pulls
+        dealt_region: list[str] | None = None  # the region the last session was dealt in
         near_ips: set[str] = set()
         asks: dict[str, int] = {}  # holder -> bit/s its next session asks for
 
@@ -238,6 +242,21 @@ def auto_udp(
             tcp_rate = rates[0] if rates else 0.0
             missing = sink.missing()
             want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
+            if (
+                not want
+                and dealt_region is not None
+                and len(busy) < MAX_LANES
+                and (now >= choice.next_try_at)
+            ):
+                # TCP would finish soon, but only with what the region holds: the pieces
+                # of this node's share that none of it holds come across the WAN, and the
+                # others leave them to this node (owners_next)
+                claimed = {i for lane in lanes for i in lane.pieces}
+                lacking = share_lacking(
+                    own_ip, dealt_region, missing, claimed, handle.get_peer_info(), near_ips,
+                    manifest.layout.count,
+                )  # fmt: skip
+                want = len(lacking) * manifest.piece_size
             if not want or len(busy) >= MAX_LANES:
                 wait = choice.next_try_at - now if not lanes else 0.25
                 artifact.cancel.wait(min(0.5, max(0.05, wait)))
@@ -300,13 +319,15 @@ def auto_udp(
                 artifact.cancel.wait(0.05)
                 continue
             claimed = {i for lane in lanes for i in lane.pieces}
+            dealt_region = region
             pieces = batch_pieces(
                 [i for i in missing if i not in claimed],
                 holder,
                 in_flight(),
                 max(1, want // manifest.piece_size),
                 region_order(own_ip, region, manifest.layout.count),
-                held_nearby(everyone, near_ips.__contains__),
+                held_nearby(everyone, near_ips.__contains__)
+                | owners_next(own_ip, region, everyone, manifest.layout.count, owners),
             )
             if not pieces:
                 wait_for_holders(holders, now)
@@ -326,6 +347,23 @@ def auto_udp(
         for lane in lanes:
             lane.join()
         scoped.close()
+
+
+def share_lacking(
+    own_ip: str,
+    region: list[str],
+    missing: list[int],
+    claimed: set[int],
+    peers: list[Any],
+    near_ips: set[str],
+    count: int,
+) -> list[int]:
+    """Missing pieces of this node's share of the region (:func:`region_order`) that no
+    session of its own is bringing and no near peer holds (libtorrent's ``get_peer_info``
+    for their bitfields)."""
+    key = region_order(own_ip, region, count)
+    nearby = held_nearby(holders_of(peers, own_ip), near_ips.__contains__)
+    return [i for i in missing if key(i)[0] == 0 and i not in claimed and i not in nearby]
 
 
 def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:

@@ -55,6 +55,16 @@ connects. far-region's four nodes started their first sessions dealt as if alone
 before they met each other, and pulled overlapping pieces across the WAN. A node alone
 in its region waits this long once."""
 
+OWNER_NEXT: Final = 32
+"""Pieces of a region member's share counted as its next UDP pulls (two sessions of 16 MiB
+of 1 MiB pieces): :func:`owners_next`. far-region's shares are about 32 pieces; a
+helper took the last few of each from its far end, the very pieces their owner's second
+session pulled then, and half of the second sessions' pieces came twice."""
+
+OWNER_STALL: Final = 3.0
+"""Seconds without a new piece of its share after which a member is helped with all of it
+(a session of 16 pieces at a quarter of a far seeder's uplink takes about 3 s)."""
+
 WORTH_SECONDS: Final = 5.0
 """Try UDP only while TCP would take at least this long for what is missing: a fast
 fleet finishes first, and never sends a UDP datagram."""
@@ -291,6 +301,50 @@ def region_order(own_ip: str, near_ips: Iterable[str], count: int) -> Callable[[
         return (len(above), -max(above))  # helper: from the far end of the owner's rank
 
     return key
+
+
+def owners_next(
+    own_ip: str,
+    region: Iterable[str],
+    holders: Sequence[Holder],
+    count: int,
+    progressing: Callable[[str, int], bool],
+) -> frozenset[int]:
+    """Pieces the region's other members are about to pull over UDP themselves: of each
+    one's share (:func:`region_order` as it deals), the first :data:`OWNER_NEXT` it does not
+    hold, in its order, while it makes progress on its share (``progressing(ip, held)``:
+    held pieces of its share, from its bitfield). A helper leaves them to their owner. An
+    owner that stalls is helped with all of its share."""
+    members = sorted({own_ip, *region})
+    held_by = {h.ip: h.pieces for h in holders}
+    next_pulls: set[int] = set()
+    for owner in members:
+        if owner == own_ip:
+            continue
+        key = region_order(owner, [m for m in members if m != owner], count)
+        pieces = held_by.get(owner, ())
+        share = [i for i in range(count) if key(i)[0] == 0]
+        lacks = [i for i in share if not (i < len(pieces) and pieces[i])]
+        if progressing(owner, len(share) - len(lacks)):
+            next_pulls.update(sorted(lacks, key=key)[:OWNER_NEXT])
+    return frozenset(next_pulls)
+
+
+class OwnerProgress:
+    """Whether a region member's held share grew within :data:`OWNER_STALL` seconds (or
+    it was first seen less than that ago): see :func:`owners_next`."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._seen: dict[str, tuple[int, float]] = {}  # ip -> (held, when it last grew)
+
+    def __call__(self, ip: str, held: int) -> bool:
+        now = self._clock()
+        before = self._seen.get(ip)
+        if before is None or held > before[0]:
+            self._seen[ip] = (held, now)
+            return True
+        return now - before[1] < OWNER_STALL
 
 
 def held_nearby(holders: Sequence[Holder], near: Callable[[str], bool]) -> frozenset[int]:

@@ -19,6 +19,8 @@ from swarm.agent.udpauto import s3_near_now
 from swarm.agent.udpchoice import (
     HOLDER_WAIT,
     NEAR_RTT,
+    OWNER_NEXT,
+    OWNER_STALL,
     PROBE_BACKOFF,
     PROBE_BACKOFF_CAP,
     PROBE_SECONDS,
@@ -26,9 +28,11 @@ from swarm.agent.udpchoice import (
     SESSION_SECONDS,
     START_AFTER,
     Holder,
+    OwnerProgress,
     UdpChoice,
     batch_pieces,
     best_holder,
+    owners_next,
     region_order,
     s3_far,
     udp_wanted,
@@ -207,6 +211,31 @@ def test_the_helpers_of_a_region_are_dealt_too() -> None:
     ]
     assert all(len(h) == 16 for h in helps)
     assert all(not (a & b) for i, a in enumerate(helps) for b in helps[i + 1 :])
+
+
+def test_a_helper_leaves_an_owner_its_next_pulls_unless_it_stalls() -> None:
+    """Two nodes, b holding half of its share: a's help skips the next OWNER_NEXT pieces
+    b lacks of its share (b's own sessions pull them), and takes them once b stalls."""
+    a, b = "10.0.1.1", "10.0.1.2"
+    count = 256
+    of_a, of_b = region_order(a, [b], count), region_order(b, [a], count)
+    b_share = sorted((i for i in range(count) if of_b(i)[0] == 0), key=of_b)
+    b_holds = [False] * count
+    for i in b_share[: len(b_share) // 2]:
+        b_holds[i] = True
+    holders = [Holder(b, seed=False, pieces=b_holds)]
+    now = [0.0]
+    progress = OwnerProgress(lambda: now[0])
+    skipped = owners_next(a, [b], holders, count, progress)
+    assert skipped == set(b_share[len(b_share) // 2 :][:OWNER_NEXT])
+    seed = Holder("10.0.0.3", seed=True, pieces=[True] * count)
+    lacks = [i for i in b_share if not b_holds[i]]
+    helps = batch_pieces(lacks, seed, set(), 16, of_a, skipped)
+    assert helps and not set(helps) & skipped
+    now[0] = OWNER_STALL + 1  # b's share did not grow since
+    assert owners_next(a, [b], holders, count, progress) == frozenset()
+    b_holds[lacks[0]] = True  # it grows again
+    assert len(owners_next(a, [b], holders, count, progress)) == OWNER_NEXT
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
