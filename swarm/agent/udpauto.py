@@ -156,7 +156,7 @@ def auto_udp(
     cancelled, or at once when S3 is near (:func:`.udpchoice.udp_wanted`)."""
     manifest, sink = artifact.manifest, artifact.sink
     lanes: list[_Lane] = []
-    scoped = contextlib.ExitStack()  # what holds while this runs: shallow queues, S3 left to UDP
+    scoped = contextlib.ExitStack()  # while this runs: far-fetch settings, S3 left to UDP
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
@@ -167,7 +167,7 @@ def auto_udp(
         # S3 is far (or refused): sessions will bring what libtorrent asks near peers for
         # (FAR_REQUEST_QUEUE_SECONDS); from the start, not the first session, since the
         # queues libtorrent fills in the fetch's first second are what comes twice
-        scoped.enter_context(session.shallow_requests())
+        scoped.enter_context(session.far_fetch())
         # and the S3 reader leaves the far S3 to UDP while it finds a far holder (the
         # coordinator names the seeders in its first plans) and while sessions run
         artifact.udp_carries_wan_until = time.monotonic() + FIND_HOLDER_SECONDS

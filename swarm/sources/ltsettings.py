@@ -32,13 +32,25 @@ window) is not limited by these, only what waits to be sent."""
 
 FAR_REQUEST_QUEUE_SECONDS: Final = 1
 """libtorrent's ``request_queue_time`` while a fetch's S3 is far and its UDP source runs
-(:meth:`swarm.sources.peers.TorrentSession.shallow_requests`), against libtorrent's 3:
-each peer connection keeps this many seconds of its rate in block requests, and every
-piece a UDP session brings while libtorrent has it requested from a near peer arrives
-twice, as much of it as the queue holds. far-region's nodes counted 3-20 MB of
-libtorrent's redundant bytes each with 3 s, 2-6 MB with 1 s, and the fleet took 9.0-9.6 s
-against 9.5-10.9 (six alternating pairs). Not for every fetch: in origin-bound and mixed
-(LAN peers, S3 near) one second cost 0.3-0.4 s a run (five pairs each)."""
+(:data:`FAR_FETCH_SETTINGS`), against libtorrent's 3: each peer connection keeps this many
+seconds of its rate in block requests, and every piece a UDP session brings while
+libtorrent has it requested from a near peer arrives twice, as much of it as the queue
+holds. far-region's nodes counted 3-20 MB of libtorrent's redundant bytes each with 3 s,
+2-6 MB with 1 s, and the fleet took 9.0-9.6 s against 9.5-10.9 (six alternating pairs).
+Not for every fetch: in origin-bound and mixed (LAN peers, S3 near) one second cost
+0.3-0.4 s a run (five pairs each)."""
+
+FAR_FETCH_SETTINGS: Final[dict[str, int | bool]] = {
+    "request_queue_time": FAR_REQUEST_QUEUE_SECONDS,
+    # A peer with nothing else to request may ask for blocks already requested from
+    # another (libtorrent's default waits until every piece is requested): a far node's
+    # last blocks, requested from a far holder over lossy TCP (a few Mbit/s), then come
+    # from its region's peers. far-region, ten alternating pairs: 8.12 s mean (7.67-8.75)
+    # against 8.48 (7.96-9.76; two runs over 9.3 s).
+    "strict_end_game_mode": False,
+}
+"""libtorrent's settings while any fetch whose S3 is far runs its UDP source
+(:meth:`swarm.sources.peers.TorrentSession.far_fetch`)."""
 
 
 def session_settings(

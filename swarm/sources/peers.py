@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastbencode
 import libtorrent as lt
 
 from swarm.manifest import Manifest
-from swarm.sources.ltsettings import DISK_IO, FAR_REQUEST_QUEUE_SECONDS, session_settings
+from swarm.sources.ltsettings import DISK_IO, FAR_FETCH_SETTINGS, session_settings
 from swarm.tree import tree_renames
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,10 @@ class TorrentSession:
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
         self._lock = threading.Lock()
-        self._shallow = 0  # holders of shallow_requests()
-        self._request_queue_time = self.session.get_settings()["request_queue_time"]
+        self._far_fetches = 0  # holders of far_fetch()
+        # cast: the stubs' settings pack takes literal keys only
+        settings = cast(dict[str, Any], self.session.get_settings())
+        self._near_settings = {key: settings[key] for key in FAR_FETCH_SETTINGS}
         self._running = True
         self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
         self._thread.start()
@@ -306,21 +308,20 @@ class TorrentSession:
             self.torrents[info_hash].handle.prioritize_pieces([(i, priority) for i in pieces])
 
     @contextlib.contextmanager
-    def shallow_requests(self) -> Iterator[None]:
-        """Request queues of :data:`~swarm.sources.ltsettings.FAR_REQUEST_QUEUE_SECONDS`
-        while any caller holds this (a fetch whose S3 is far: its UDP source), then
-        libtorrent's again."""
+    def far_fetch(self) -> Iterator[None]:
+        """libtorrent's :data:`~swarm.sources.ltsettings.FAR_FETCH_SETTINGS` while any
+        caller holds this (a fetch whose S3 is far: its UDP source), then its own again."""
         with self._lock:
-            self._shallow += 1
-            if self._shallow == 1:
-                self.session.apply_settings({"request_queue_time": FAR_REQUEST_QUEUE_SECONDS})
+            self._far_fetches += 1
+            if self._far_fetches == 1:
+                self.session.apply_settings(cast(Any, dict(FAR_FETCH_SETTINGS)))
         try:
             yield
         finally:
             with self._lock:
-                self._shallow -= 1
-                if self._shallow == 0:
-                    self.session.apply_settings({"request_queue_time": self._request_queue_time})
+                self._far_fetches -= 1
+                if self._far_fetches == 0:
+                    self.session.apply_settings(cast(Any, self._near_settings))
 
     def pause(self, info_hash: str, timeout: float = 30.0) -> bool:
         state = self.torrents[info_hash]

@@ -28,19 +28,20 @@ def test_a_session_keeps_libtorrent_default_send_buffers_not_the_seed_presets():
 
 def test_request_queues_are_shallow_while_a_far_fetch_holds_them(tmp_path: Path) -> None:
     """What a UDP session brings while libtorrent has it requested from a near peer comes
-    twice: queues hold FAR_REQUEST_QUEUE_SECONDS of a peer's rate while any far fetch
-    runs, and libtorrent's own depth again once the last one is done."""
+    twice: queues hold FAR_REQUEST_QUEUE_SECONDS of a peer's rate (and end game takes busy
+    blocks at once) while any far fetch runs, and libtorrent's own settings again once the
+    last one is done."""
     session = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
     try:
-        depth = session.session.get_settings()["request_queue_time"]
-        assert depth == lt.default_settings()["request_queue_time"] == 3
-        with session.shallow_requests():
-            with session.shallow_requests():  # a second far fetch at once
-                assert (
-                    session.session.get_settings()["request_queue_time"]
-                    == FAR_REQUEST_QUEUE_SECONDS
-                )
-            assert session.session.get_settings()["request_queue_time"] == FAR_REQUEST_QUEUE_SECONDS
-        assert session.session.get_settings()["request_queue_time"] == depth
+        settings = session.session.get_settings
+        assert settings()["request_queue_time"] == lt.default_settings()["request_queue_time"] == 3
+        assert settings()["strict_end_game_mode"] is True
+        with session.far_fetch():
+            with session.far_fetch():  # a second far fetch at once
+                assert settings()["request_queue_time"] == FAR_REQUEST_QUEUE_SECONDS
+            assert settings()["request_queue_time"] == FAR_REQUEST_QUEUE_SECONDS
+            assert settings()["strict_end_game_mode"] is False
+        assert settings()["request_queue_time"] == 3
+        assert settings()["strict_end_game_mode"] is True
     finally:
         session.close()
