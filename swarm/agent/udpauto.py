@@ -246,7 +246,7 @@ def auto_udp(
                 not want
                 and dealt_region is not None
                 and len(busy) < MAX_LANES
-                and (now >= choice.next_try_at)
+                and now >= choice.next_try_at
             ):
                 # TCP would finish soon, but only with what the region holds: the pieces
                 # of this node's share that none of it holds come across the WAN, and the
