@@ -227,7 +227,7 @@ def read_origin(
                 # S3 is far and UDP brings the region its bytes from the holders, dealt
                 # among the region's nodes; S3's reads across the WAN are not dealt, take
                 # the downlink the region's exchange needs, and come slowly over a lossy
-                # path (far-region: ...).
+                # path (see swarm.agent.udpauto.FIND_HOLDER_SECONDS)
                 state.finished.wait(0.1)
                 continue
             now = time.monotonic()

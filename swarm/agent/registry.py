@@ -108,10 +108,7 @@ class Artifact:
     """Restored from a record that says its whole file matched before the restart."""
     s3_busy: BusyClock = field(default_factory=BusyClock)
     """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
-    udp_carries_wan_until: float = 0.0
-    """Until when (monotonic) UDP brings this node's bytes from across the WAN, and the S3
-    reader leaves S3 alone: set while S3 is far and UDP looks for far holders or pulls
-    from them (:func:`swarm.agent.udpauto.auto_udp`)."""
+    _udp_carries_wan_until: float = 0.0
     _repair: set[int] = field(default_factory=set)
     _repair_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -121,10 +118,17 @@ class Artifact:
         with self._repair_lock:
             self._repair.update(pieces)
 
+    def leave_s3_to_udp(self, seconds: float | None) -> None:
+        """UDP brings (or looks for a holder to bring) what crosses the WAN for at least
+        ``seconds`` more; None: no longer. Said while S3 is far
+        (:func:`swarm.agent.udpauto.auto_udp`)."""
+        until = 0.0 if seconds is None else time.monotonic() + seconds
+        self._udp_carries_wan_until = max(self._udp_carries_wan_until, until) if until else 0.0
+
     def udp_carries_wan(self) -> bool:
         """Whether UDP is bringing (or still looking for) what crosses the WAN: the S3
         reader then reads nothing from a far S3 (see ``read_origin``)."""
-        return time.monotonic() < self.udp_carries_wan_until
+        return time.monotonic() < self._udp_carries_wan_until
 
     def take_repair(self) -> list[int]:
         with self._repair_lock:

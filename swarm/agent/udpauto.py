@@ -48,6 +48,8 @@ from swarm.agent.udpchoice import (
     held_nearby,
     owners_next,
     region_order,
+    region_shares,
+    share_lacking,
     udp_wanted,
     with_seeders,
 )
@@ -170,8 +172,8 @@ def auto_udp(
         scoped.enter_context(session.far_fetch())
         # and the S3 reader leaves the far S3 to UDP while it finds a far holder (the
         # coordinator names the seeders in its first plans) and while sessions run
-        artifact.udp_carries_wan_until = time.monotonic() + FIND_HOLDER_SECONDS
-        scoped.callback(setattr, artifact, "udp_carries_wan_until", 0.0)
+        artifact.leave_s3_to_udp(FIND_HOLDER_SECONDS)
+        scoped.callback(artifact.leave_s3_to_udp, None)
         # S3's addresses: the kernel's least round trip to them is looked at again with
         # the holders' (below)
         s3_addresses = endpoint_addresses(getattr(artifact.client, "endpoint_url", None))
@@ -180,7 +182,7 @@ def auto_udp(
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
         first_far = 0.0  # when the first far holder was found (monotonic)
         owners = OwnerProgress(time.monotonic)  # the region's members' own pulls
-        dealt_region: list[str] | None = None  # the region the last session was dealt in
+        own_share: tuple[int, ...] | None = None  # as the last session was dealt
         near_ips: set[str] = set()
         asks: dict[str, int] = {}  # holder -> bit/s its next session asks for
 
@@ -231,9 +233,7 @@ def auto_udp(
                 lanes.remove(lane)
                 reap(lane)
             if lanes:
-                artifact.udp_carries_wan_until = max(
-                    artifact.udp_carries_wan_until, time.monotonic() + LANE_GAP_SECONDS
-                )
+                artifact.leave_s3_to_udp(LANE_GAP_SECONDS)
             # a lane in its tail makes room: the next session's handshake and ramp (a
             # second or so on a 100 ms path) overlap the tail instead of following it
             busy = {lane.ip for lane in lanes if not lane.in_tail()}
@@ -244,7 +244,7 @@ def auto_udp(
             want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
             if (
                 not want
-                and dealt_region is not None
+                and own_share is not None
                 and len(busy) < MAX_LANES
                 and now >= choice.next_try_at
             ):
@@ -252,11 +252,10 @@ def auto_udp(
                 # of this node's share that none of it holds come across the WAN, and the
                 # others leave them to this node (owners_next)
                 claimed = {i for lane in lanes for i in lane.pieces}
-                lacking = share_lacking(
-                    own_ip, dealt_region, missing, claimed, handle.get_peer_info(), near_ips,
-                    manifest.layout.count,
-                )  # fmt: skip
-                want = len(lacking) * manifest.piece_size
+                holding = holders_of(handle.get_peer_info(), own_ip)
+                nearby = held_nearby(holding, near_ips.__contains__)
+                want = len(share_lacking(own_share, missing, claimed, nearby))
+                want *= manifest.piece_size
             if not want or len(busy) >= MAX_LANES:
                 wait = choice.next_try_at - now if not lanes else 0.25
                 artifact.cancel.wait(min(0.5, max(0.05, wait)))
@@ -306,12 +305,12 @@ def auto_udp(
                 set_near(holder.ip, rtt, how)
                 choice.all_near(time.monotonic())
                 continue
-            if holder.ip not in far:
+            found = holder.ip not in far
+            far[holder.ip] = rtt
+            if found:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
-                far[holder.ip] = rtt
                 first_far = first_far or time.monotonic()
                 continue  # libtorrent may have met this node's region meanwhile: look again
-            far[holder.ip] = rtt
             region = near_peers(peers, own_ip, rtts)
             if not region and not lanes and time.monotonic() - first_far < REGION_WAIT:
                 # the named seeders come before libtorrent has met the region's peers:
@@ -319,7 +318,8 @@ def auto_udp(
                 artifact.cancel.wait(0.05)
                 continue
             claimed = {i for lane in lanes for i in lane.pieces}
-            dealt_region = region
+            shares = region_shares(tuple(sorted({own_ip, *region})), manifest.layout.count)
+            own_share = shares[own_ip]
             pieces = batch_pieces(
                 [i for i in missing if i not in claimed],
                 holder,
@@ -327,7 +327,7 @@ def auto_udp(
                 max(1, want // manifest.piece_size),
                 region_order(own_ip, region, manifest.layout.count),
                 held_nearby(everyone, near_ips.__contains__)
-                | owners_next(own_ip, region, everyone, manifest.layout.count, owners),
+                | owners_next(own_ip, shares, everyone, owners),
             )
             if not pieces:
                 wait_for_holders(holders, now)
@@ -347,23 +347,6 @@ def auto_udp(
         for lane in lanes:
             lane.join()
         scoped.close()
-
-
-def share_lacking(
-    own_ip: str,
-    region: list[str],
-    missing: list[int],
-    claimed: set[int],
-    peers: list[Any],
-    near_ips: set[str],
-    count: int,
-) -> list[int]:
-    """Missing pieces of this node's share of the region (:func:`region_order`) that no
-    session of its own is bringing and no near peer holds (libtorrent's ``get_peer_info``
-    for their bitfields)."""
-    key = region_order(own_ip, region, count)
-    nearby = held_nearby(holders_of(peers, own_ip), near_ips.__contains__)
-    return [i for i in missing if key(i)[0] == 0 and i not in claimed and i not in nearby]
 
 
 def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:

@@ -34,7 +34,9 @@ from swarm.agent.udpchoice import (
     best_holder,
     owners_next,
     region_order,
+    region_shares,
     s3_far,
+    share_lacking,
     udp_wanted,
     with_seeders,
 )
@@ -213,6 +215,20 @@ def test_the_helpers_of_a_region_are_dealt_too() -> None:
     assert all(not (a & b) for i, a in enumerate(helps) for b in helps[i + 1 :])
 
 
+def test_region_shares_are_the_owners_shares_in_their_pull_order() -> None:
+    """region_shares deals as region_order does (each member's share, in the order it
+    pulls it), and share_lacking keeps what nobody else in the region brings."""
+    ips = [f"10.0.1.{n}" for n in range(5)]
+    shares = region_shares(tuple(ips), 300)
+    assert sorted(i for share in shares.values() for i in share) == list(range(300))
+    for ip in ips:
+        key = region_order(ip, [o for o in ips if o != ip], 300)
+        assert list(shares[ip]) == sorted((i for i in range(300) if key(i)[0] == 0), key=key)
+    own = shares[ips[0]]
+    lacking = share_lacking(own, range(300), {own[0]}, frozenset({own[1]}))
+    assert lacking == list(own[2:])
+
+
 def test_a_helper_leaves_an_owner_its_next_pulls_unless_it_stalls() -> None:
     """Two nodes, b holding half of its share: a's help skips the next OWNER_NEXT pieces
     b lacks of its share (b's own sessions pull them), and takes them once b stalls."""
@@ -224,18 +240,19 @@ def test_a_helper_leaves_an_owner_its_next_pulls_unless_it_stalls() -> None:
     for i in b_share[: len(b_share) // 2]:
         b_holds[i] = True
     holders = [Holder(b, seed=False, pieces=b_holds)]
+    shares = region_shares((a, b), count)
     now = [0.0]
     progress = OwnerProgress(lambda: now[0])
-    skipped = owners_next(a, [b], holders, count, progress)
+    skipped = owners_next(a, shares, holders, progress)
     assert skipped == set(b_share[len(b_share) // 2 :][:OWNER_NEXT])
     seed = Holder("10.0.0.3", seed=True, pieces=[True] * count)
     lacks = [i for i in b_share if not b_holds[i]]
     helps = batch_pieces(lacks, seed, set(), 16, of_a, skipped)
     assert helps and not set(helps) & skipped
     now[0] = OWNER_STALL + 1  # b's share did not grow since
-    assert owners_next(a, [b], holders, count, progress) == frozenset()
+    assert owners_next(a, shares, holders, progress) == frozenset()
     b_holds[lacks[0]] = True  # it grows again
-    assert len(owners_next(a, [b], holders, count, progress)) == OWNER_NEXT
+    assert len(owners_next(a, shares, holders, progress)) == OWNER_NEXT
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
