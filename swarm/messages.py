@@ -45,6 +45,17 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def _peer_addr(text: object) -> tuple[str, int] | None:
+    """``ip:port`` (IPv6 as ``[ip]:port``) as a tuple, or None if it is not one."""
+    if not isinstance(text, str):
+        return None
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not _is_ip(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
 def _optional_str(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):
@@ -179,6 +190,9 @@ class OriginPlan:
     holders: tuple[str, ...] = ()
     """Addresses of nodes that hold the whole artifact, in a node's first plans (before
     it holds a piece): its UDP source may start from them before libtorrent connects."""
+    peers: tuple[tuple[str, int], ...] = ()
+    """``(ip, port)`` of nodes fetching the artifact just before this node's report, in
+    its first plans: its libtorrent dials them before its tracker announce returns."""
 
     @classmethod
     def from_json(cls, body: object) -> OriginPlan | None:
@@ -191,7 +205,8 @@ class OriginPlan:
         estimate = body.get("s3_estimate")
         direct = body.get("direct")
         holders = body.get("holders") or []
-        if not isinstance(holders, list):
+        peers = body.get("peers") or []
+        if not isinstance(holders, list) or not isinstance(peers, list):
             return None
         return cls(
             stripe=tuple(stripe),
@@ -200,4 +215,5 @@ class OriginPlan:
             s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
             direct=min(1.0, max(0.0, float(direct))) if isinstance(direct, int | float) else 0.0,
             holders=tuple(h for h in holders if isinstance(h, str) and _is_ip(h)),
+            peers=tuple(addr for addr in map(_peer_addr, peers) if addr is not None),
         )

@@ -520,6 +520,8 @@ class Daemon:
                 artifact.plan, artifact.plan_at = plan, now
                 if plan.holders:
                     artifact.seeders = plan.holders
+                if plan.peers:
+                    self.session.dial(info_hash, plan.peers)
                 artifact.plan_ttl = max(PLAN_TTL, 3 * interval)
                 artifact.plan_updated.set()
 

@@ -25,6 +25,13 @@ FAILOVER_WAIT = 0.25
 REPORT_TIMEOUT = 2.0
 """Seconds a report may take (connect, send, answer) before the next coordinator."""
 
+FIRST_REPORT_HOLD = 0.3
+"""Seconds the daemon's first report waits for a fetch while its connection to the
+coordinator opens. A daemon is most often started by ``swarm fetch``, whose request
+follows 0.1 s after it listens: a first report sent at once held the fetch's report (the
+one the coordinator answers with a plan) behind its round trip, and opened its connection
+on the way, 0.2-0.3 s of each far-region node's start (100 ms to the coordinator)."""
+
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 30.0
 """Bounds on the interval a coordinator may ask for (a bad reply cannot silence a node
 or make it flood)."""
@@ -68,8 +75,7 @@ class ReportPoster:
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._tls: ssl.SSLContext | None = None
 
-    def post(self, url: str, report: dict[str, Any]) -> tuple[int, Any]:
-        """(status, JSON reply or None); OSError or HTTPException when the exchange fails."""
+    def _connection(self, url: str) -> http.client.HTTPConnection:
         parts = urlsplit(url)
         conn = self._conns.get(parts.netloc)
         if conn is None:
@@ -81,6 +87,23 @@ class ReportPoster:
             else:
                 conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
             self._conns[parts.netloc] = conn
+        return conn
+
+    def open(self, url: str) -> None:
+        """Connect to ``url``'s coordinator before the first report (quietly: a failure
+        leaves the connect to :meth:`post`, which reports it)."""
+        conn = self._connection(url)
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException) as error:
+            log.debug("connecting to %s failed: %s", url, error)
+            conn.close()
+            del self._conns[urlsplit(url).netloc]
+
+    def post(self, url: str, report: dict[str, Any]) -> tuple[int, Any]:
+        """(status, JSON reply or None); OSError or HTTPException when the exchange fails."""
+        parts = urlsplit(url)
+        conn = self._connection(url)
         try:
             conn.request("POST", parts.path, json.dumps(report).encode(), self.headers)
             response = conn.getresponse()
@@ -108,6 +131,10 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
     poster = ReportPoster(headers)
     loop = asyncio.get_running_loop()
     try:
+        opening = loop.run_in_executor(None, poster.open, urls[current])
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(wake.wait(), FIRST_REPORT_HOLD)
+        await opening  # the first post uses the connection it opened
         while True:
             url = urls[current]
             # Cleared before the snapshot, not after the post: a wake during the post (a
@@ -128,12 +155,14 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                     if isinstance(asked, int | float) and asked > 0:
                         interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(asked)))
                         daemon.report_interval = interval
+                    # members first: the peers a plan names are dialled through the
+                    # peer filter that the members set
+                    if members.apply(reply):
+                        daemon.take_members(sorted(members.ips))
                     daemon.take_plans(reply.get("plans") or {}, interval)
                     link = reply.get("link")
                     if isinstance(link, int | float) and link > 0:
                         daemon.on_link(float(link))
-                    if members.apply(reply):
-                        daemon.take_members(sorted(members.ips))
                 wait = interval
             except (OSError, ValueError, http.client.HTTPException) as error:
                 log.debug("report to %s failed: %s", url, error)

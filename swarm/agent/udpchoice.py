@@ -281,12 +281,17 @@ def region_order(own_ip: str, near_ips: Iterable[str], count: int) -> Callable[[
     Each piece ranks the members by a hash of member and piece (rendezvous hashing: every
     node that sees the same region deals the same way, and one that sees a member fewer
     only takes a share more). The first member is the piece's owner, the second its first
-    helper, and so on. A node takes its own share first, in its rank, then the pieces it
-    is first helper of, then second, ..., each from the far end of its owner's rank, where
-    the owner gets last: a slow or late owner is helped without two nodes pulling the same
-    piece at once. With an order of its own alone, each far node pulled a random 40% of
-    the pieces, and the region's sessions carried 1.6 copies of the artifact across the
-    WAN where one would do: the rest is the region's own exchange. With one helper order
+    helper, and so on. A node takes its own share first, highest rank first, then the
+    pieces it is first helper of, then second, ..., each from the far end of its owner's
+    rank, where the owner gets last: a slow or late owner is helped without two nodes
+    pulling the same piece at once. Highest first, because a node's first sessions are
+    dealt before it has met its whole region: of the pieces it owns among those it knows,
+    the ones it ranks highest are the likeliest to be its own among all: lowest first,
+    a node that knew none of its three peers took none of its own 16 first pieces, one
+    that knew one of them 2-4 (highest first: 10-16). With an order of its own alone,
+    each far node pulled a random 40% of the pieces, and the region's sessions carried
+    1.6 copies of the artifact across the WAN where one would do: the rest is the
+    region's own exchange. With one helper order
     for all (the far end of each owner's share), every helper took the same pieces: the
     four far-region nodes' second sessions pulled the same 16 pieces from the seeders."""
     region = sorted({own_ip, *near_ips})
@@ -297,8 +302,8 @@ def region_order(own_ip: str, near_ips: Iterable[str], count: int) -> Callable[[
         mine = ranks[me][index]
         above = [r[index] for r in ranks if r[index] > mine]
         if not above:
-            return (0, mine)  # owner
-        return (len(above), -max(above))  # helper: from the far end of the owner's rank
+            return (0, -mine)  # owner
+        return (len(above), max(above))  # helper: from the far end of the owner's rank
 
     return key
 
@@ -315,7 +320,7 @@ def region_shares(members: tuple[str, ...], count: int) -> dict[str, tuple[int, 
     for index, column in enumerate(zip(*ranks, strict=True)):
         shares[column.index(max(column))].append(index)
     return {
-        ip: tuple(sorted(share, key=ranks[m].__getitem__))
+        ip: tuple(sorted(share, key=ranks[m].__getitem__, reverse=True))
         for m, (ip, share) in enumerate(zip(members, shares, strict=True))
     }
 

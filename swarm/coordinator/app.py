@@ -67,6 +67,7 @@ from swarm.coordinator.fleet import ANNOUNCE_INTERVAL, PEER_TTL_INTERVALS, PeerS
 from swarm.coordinator.handlers import (
     BUDGET,
     CLOCK,
+    FETCHERS,
     HISTORY,
     INTERVAL,
     LOAD,
@@ -76,7 +77,6 @@ from swarm.coordinator.handlers import (
     SEEDERS,
     STORE,
     TOKEN,
-    SeederCache,
     background,
     on_announce,
     on_fleet,
@@ -85,6 +85,7 @@ from swarm.coordinator.handlers import (
     on_report,
 )
 from swarm.coordinator.history import History
+from swarm.coordinator.holders import RecentFetchers, SeederCache
 from swarm.coordinator.load import REDIS_REPORT_BUDGET, REPORT_BUDGET, Load
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.metrics import Clock, Metrics
@@ -191,6 +192,7 @@ def make_app(
     app[INTERVAL] = int(interval)
     app[PLANNER] = planner or StripePlanner()
     app[SEEDERS] = SeederCache()
+    app[FETCHERS] = RecentFetchers()
     app[BUDGET] = float(report_budget)
     app[LOAD] = Load()
     app[POOL] = ThreadPoolExecutor(workers, thread_name_prefix="store") if workers else None

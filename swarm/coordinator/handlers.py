@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import math
-import random
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -30,10 +29,10 @@ from swarm.coordinator.fleet import (
     Members,
     PeerStore,
     StoreFull,
-    host_of,
     parse_epoch,
 )
 from swarm.coordinator.history import History
+from swarm.coordinator.holders import RecentFetchers, SeederCache, seeders_for
 from swarm.coordinator.load import Load, report_interval, stretched_interval, watch_lag
 from swarm.coordinator.metrics import Clock, Metrics
 from swarm.coordinator.origin import StripePlanner
@@ -53,16 +52,6 @@ log = logging.getLogger(__name__)
 
 MAX_PLANS: Final = 64
 """Plans in one reply (one per reported artifact with a bitfield, in report order)."""
-
-MAX_PLAN_HOLDERS: Final = 8
-"""Seeders named in a plan (:func:`seeders_for`)."""
-
-SEEDERS_TTL: Final = 1.0
-"""Seconds an artifact's list of seeders is reused (:class:`SeederCache`)."""
-
-MAX_SEEDER_LISTS: Final = 1024
-"""Artifacts whose seeders are kept at once (the cache starts afresh past it)."""
-
 
 STORE: Final = web.AppKey("store", PeerStore)
 HISTORY: Final = web.AppKey("history", History)
@@ -203,12 +192,16 @@ def handle_report(
         outcome.completions = store.report(report, now, ttl)
         # an artifact the node no longer lists is gone from it (not only when it expires)
         planner.forget_unlisted(report.node, [item.info_hash for item in report.artifacts])
+        app[FETCHERS].note(report)
+
+        def named(info_hash: str) -> dict[str, list[str]]:
+            return {
+                "holders": seeders_for(app[SEEDERS], store, info_hash, report, now),
+                "peers": app[FETCHERS].others(info_hash, report.addr),
+            }
+
         outcome.plans, rates, outcome.link = plan_origin(
-            planner,
-            report,
-            now,
-            outcome.interval,
-            lambda ih: seeders_for(app[SEEDERS], store, ih, report, now),
+            planner, report, now, outcome.interval, named
         )
         store.set_spare(report.addr, spare_upload(rates))
     except Exception as error:  # StoreFull, GeometryError, a store that does not answer
@@ -248,44 +241,8 @@ def _unavailable(reason: str, interval: float) -> web.Response:
     )
 
 
-class SeederCache:
-    """Each artifact's seeders' addresses, read from the store at most once a
-    :data:`SEEDERS_TTL`: at a scale-out every new node asks in each report until it holds
-    a piece, and one read is the whole swarm (thousands of records; a Redis round trip).
-    Worker threads share it: a race costs one read more."""
-
-    def __init__(self) -> None:
-        self._lists: dict[str, tuple[float, list[str]]] = {}
-
-    def seeders(self, store: PeerStore, info_hash: str, now: float) -> list[str]:
-        known = self._lists.get(info_hash)
-        if known is not None and 0 <= now - known[0] < SEEDERS_TTL:
-            return known[1]
-        try:
-            records = store.peers(bytes.fromhex(info_hash), now)
-        except ValueError:  # not hex: no such swarm
-            records = []
-        ips = sorted({r.ip for r in records if r.seeder})
-        if len(self._lists) >= MAX_SEEDER_LISTS:
-            self._lists = {}
-        self._lists[info_hash] = (now, ips)
-        return ips
-
-
 SEEDERS: Final = web.AppKey("seeders", SeederCache)
-
-
-def seeders_for(
-    cache: SeederCache, store: PeerStore, info_hash: str, report: NodeReport, now: float
-) -> list[str]:
-    """Addresses of up to :data:`MAX_PLAN_HOLDERS` nodes that hold all of ``info_hash``
-    (announced seeders other than the reporting node): all of them, or a few drawn for
-    this node (the same few each time, other few for other nodes)."""
-    own = host_of(report.addr)
-    ips = [ip for ip in cache.seeders(store, info_hash, now) if ip != own]
-    if len(ips) <= MAX_PLAN_HOLDERS:
-        return ips
-    return random.Random(report.node).sample(ips, MAX_PLAN_HOLDERS)
+FETCHERS: Final = web.AppKey("fetchers", RecentFetchers)
 
 
 def plan_origin(
@@ -293,15 +250,16 @@ def plan_origin(
     report: NodeReport,
     now: float,
     interval: float,
-    seeders: Callable[[str], list[str]] | None = None,
+    named: Callable[[str], dict[str, list[str]]] | None = None,
 ) -> tuple[dict[str, object], list[NodeRates], float]:
     """Stripes and modes for each artifact the node reported with its bitfield, and the
     node's rates for them, and its link as the rates of the artifacts it holds whole show
     it (:func:`link_capacity`: a fetch's first seconds would understate it; 0 if none).
-    A node that holds none of an artifact yet is also told its
-    seeders (``seeders``, by info-hash; the plan's ``holders``): where they are far, its
-    UDP source pulls from them before libtorrent has announced and connected (far-region:
-    half a second, of the five round trips a far node's start takes)."""
+    A node that holds none of an artifact yet is also told whom ``named`` gives, by
+    info-hash (:mod:`swarm.coordinator.holders`): its seeders (the plan's ``holders``):
+    where they are far, its UDP source pulls from them before libtorrent has announced
+    and connected (far-region: half a second, of the five round trips a far node's start
+    takes); and the nodes fetching it just before (``peers``), whom its libtorrent dials."""
     plans: dict[str, object] = {}
     rates: list[NodeRates] = []
     held: list[NodeRates] = []
@@ -329,8 +287,8 @@ def plan_origin(
                 held.append(plan.rates)
         if len(plans) < MAX_PLANS:
             body = plan.to_json()
-            if seeders is not None and not item.complete and not any(item.pieces):
-                body["holders"] = seeders(item.info_hash)
+            if named is not None and not item.complete and not any(item.pieces):
+                body.update(named(item.info_hash))
             plans[item.info_hash] = body
     return plans, rates, link_capacity(held)
 

@@ -350,6 +350,16 @@ class TorrentSession:
             rules.add_rule(address, address, 0)
         self.session.set_ip_filter(rules)
 
+    def dial(self, info_hash: str, addresses: tuple[tuple[str, int], ...]) -> None:
+        """Connect ``info_hash``'s torrent to these peers now (libtorrent skips those it
+        is connected to, and those the peer filter blocks)."""
+        state = self.torrents.get(info_hash)
+        if state is None:
+            return
+        for address in addresses:
+            with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
+                state.handle.connect_peer(address)
+
     def reannounce(self) -> None:
         """Announce every torrent now, for a fresh peer list (see ``Daemon.take_members``)."""
         for state in list(self.torrents.values()):

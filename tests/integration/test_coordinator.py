@@ -418,6 +418,26 @@ def test_a_node_that_holds_nothing_is_told_the_seeders(server: Server) -> None:
     assert status == 200 and "holders" not in body["plans"][INFO_HASH.hex()]
 
 
+def test_a_node_that_holds_nothing_is_told_who_fetches_beside_it(server: Server) -> None:
+    """Its libtorrent dials them before its tracker announce returns (OriginPlan.peers):
+    the nodes that reported the artifact incomplete before it, newest first, not itself,
+    and not once they hold it whole (they are seeders then)."""
+    geometry = {"size": 4 << 20, "piece_size": 1 << 20, "piece_count": 4}
+    empty = base64.b64encode(b"\x00").decode()
+
+    def peers_named(node: str, addr: str, **item: object) -> list[str]:
+        status, body = server.post_json("/v1/report", report(node, addr, **geometry, **item))
+        assert status == 200
+        return list(body["plans"][INFO_HASH.hex()].get("peers", []))
+
+    assert peers_named("a", "10.3.0.1:6881", pieces=empty) == []
+    assert peers_named("b", "10.3.0.2:6881", pieces=empty) == ["10.3.0.1:6881"]
+    assert peers_named("c", "10.3.0.3:6881", pieces=empty) == ["10.3.0.2:6881", "10.3.0.1:6881"]
+    whole = base64.b64encode(b"\xf0").decode()
+    peers_named("a", "10.3.0.1:6881", pieces=whole, complete=True, have_bytes=4 << 20)
+    assert peers_named("c", "10.3.0.3:6881", pieces=empty) == ["10.3.0.2:6881"]
+
+
 def test_a_node_is_told_its_link_as_the_artifacts_it_holds_showed_it(server: Server) -> None:
     """The UDP server's budget (``link`` in the reply): the most a node moved one way in
     an interval, from the artifacts it holds whole; nothing from a fetch under way (its

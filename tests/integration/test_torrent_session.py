@@ -101,3 +101,26 @@ def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> N
     finally:
         newcomer.close()
         holder.close()
+
+
+def test_the_peers_a_plan_names_are_dialled_without_the_tracker(tmp_path: Path) -> None:
+    # A new node's first plan names the nodes fetching beside it (OriginPlan.peers): its
+    # session connects to them at once, with no tracker configured at all here.
+    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
+    )
+    first = TorrentSession("127.0.0.1", 0, tmp_path / "first")
+    second = TorrentSession("127.0.0.2", 0, tmp_path / "second")
+    try:
+        first.add(manifest, tmp_path / "first.bin", [])
+        state = second.add(manifest, tmp_path / "second.bin", [])
+        second.dial(manifest.info_hash, (("127.0.0.1", first.listen_port),))
+        second.dial("00" * 20, (("127.0.0.1", first.listen_port),))  # no such torrent
+        deadline = time.monotonic() + 5
+        while not state.handle.get_peer_info() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [p.ip[0] for p in state.handle.get_peer_info()] == ["127.0.0.1"]
+    finally:
+        second.close()
+        first.close()

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from swarm.coordinator.app import make_app
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
-from swarm.coordinator.handlers import (
+from swarm.coordinator.handlers import handle_report
+from swarm.coordinator.holders import (
     MAX_PLAN_HOLDERS,
+    MAX_PLAN_PEERS,
     SEEDERS_TTL,
+    RecentFetchers,
     SeederCache,
-    handle_report,
     seeders_for,
 )
 from swarm.coordinator.load import report_interval
@@ -385,3 +387,14 @@ def test_plans_name_a_few_seeders_per_node_from_one_read_a_second() -> None:
     assert store.reads == 1
     named("a", "10.0.1.1:6881", 0.0 + SEEDERS_TTL)
     assert store.reads == 2
+
+
+def test_the_fetchers_named_to_a_new_node_are_the_latest_few() -> None:
+    """A scale-out of many nodes: a new node is told at most MAX_PLAN_PEERS, the latest."""
+    fetchers = RecentFetchers()
+    for n in range(MAX_PLAN_PEERS + 5):
+        fetchers.note(parse_report(seeded(f"n{n}", (HASH, 0)) | {"addr": f"10.0.1.{n}:6881"}))
+    named = fetchers.others(HASH, "10.0.9.9:6881")
+    assert len(named) == MAX_PLAN_PEERS
+    assert named[0] == f"10.0.1.{MAX_PLAN_PEERS + 4}:6881" and "10.0.1.4:6881" not in named
+    assert fetchers.others("cd" * 20, "10.0.9.9:6881") == []

@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from swarm.agent.reporter import report_loop
+from swarm.agent.reporter import FIRST_REPORT_HOLD, report_loop
 
 
 class _Daemon:
@@ -84,3 +84,61 @@ def test_a_wake_during_a_post_sends_the_next_report_at_once() -> None:
         server.server_close()
     assert len(arrived) >= 2, "the wake during the first post was lost (next report in 30 s)"
     assert arrived[1] - arrived[0] < 1.0
+
+
+def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open() -> None:
+    """A daemon started by ``swarm fetch`` gets the fetch 0.1 s after it listens: its
+    first report goes out with it, on a connection opened meanwhile (a report at once
+    held the fetch's behind a round trip), and without one after FIRST_REPORT_HOLD."""
+    connected: list[float] = []
+    posted: list[tuple[float, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the coordinator's aiohttp
+
+        def setup(self) -> None:
+            connected.append(time.monotonic())
+            super().setup()
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posted.append((time.monotonic(), body))
+            reply = json.dumps({"interval": 30}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    daemon = _Daemon(f"http://127.0.0.1:{server.server_address[1]}")
+
+    async def run(wake_after: float | None) -> float:
+        wake = asyncio.Event()
+        started = time.monotonic()
+        task = asyncio.create_task(report_loop(daemon, wake))  # type: ignore[arg-type]
+        try:
+            if wake_after is not None:
+                await asyncio.sleep(wake_after)
+                wake.set()  # the fetch's request
+            while not posted and time.monotonic() - started < 3:
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return started
+
+    try:
+        started = asyncio.run(run(0.1))
+        assert len(connected) == 1 and connected[0] - started < 0.1  # open before the fetch
+        assert 0.1 <= posted[0][0] - started < FIRST_REPORT_HOLD
+        posted.clear()
+        started = asyncio.run(run(None))
+        assert FIRST_REPORT_HOLD <= posted[0][0] - started < FIRST_REPORT_HOLD + 0.5
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -196,6 +196,19 @@ def test_a_node_helps_with_the_others_shares_from_their_far_end() -> None:
     assert all(of_a(i)[0] == 0 for i in range(64) if three(i)[0] == 0)
 
 
+def test_a_node_that_knows_part_of_its_region_first_pulls_pieces_it_surely_owns() -> None:
+    """Dealt before it has met its region (alone, or with one of three peers), a node's
+    first session takes mostly pieces of its share in the whole region."""
+    ips = [f"10.0.1.{n}" for n in range(4)]
+    seed = Holder("10.0.0.3", seed=True, pieces=[True] * 128)
+    for n, ip in enumerate(ips):
+        whole = region_order(ip, [o for o in ips if o != ip], 128)
+        owned = {i for i in range(128) if whole(i)[0] == 0}
+        for known in ([], [ips[(n + 1) % 4]]):
+            first = batch_pieces(list(range(128)), seed, set(), 16, region_order(ip, known, 128))
+            assert len(set(first) & owned) >= 10, (ip, known)
+
+
 def test_the_helpers_of_a_region_are_dealt_too() -> None:
     """Once their own shares are held in the region, four nodes' next sessions take
     different pieces: each piece has one first helper, as it has one owner (with one
@@ -270,6 +283,9 @@ def test_the_seeders_a_plan_names_are_holders_until_libtorrent_connects_them() -
     )
     assert plan is not None and plan.holders == ("10.0.0.4", "10.0.0.5", "10.0.0.9")
     assert OriginPlan.from_json({"stripe": [], "holders": "10.0.0.4"}) is None
+    peers = ["10.0.1.4:6881", "[2001:db8::1]:6881", "10.0.1.5", "10.0.1.6:0", "x:1", 3]
+    named = OriginPlan.from_json({"stripe": [], "peers": peers})
+    assert named is not None and named.peers == (("10.0.1.4", 6881), ("2001:db8::1", 6881))
     connected = Holder("10.0.0.4", seed=False, pieces=[True, False])
     found = with_seeders([connected], plan.holders, own_ip="10.0.0.9")
     # libtorrent's view of a connected one stands; this node is no holder of its own
