@@ -462,6 +462,15 @@ class Daemon:
             self._admitted = allowed
             if added:
                 self._announce_soon()
+            # A member that dialled in before this node knew it (a node that started
+            # later, dialling the peers its first plan named) is dialled back now: its
+            # own retry waits for its next announce.
+            refused = sorted(added & self._refused)
+            if refused:
+                self._refused -= set(refused)
+                port = self.session.listen_port
+                for info_hash in list(self.session.torrents):
+                    self.session.dial(info_hash, tuple((ip, port) for ip in refused))
 
     def peer_blocked(self, ip: str) -> None:
         """The peer filter refused ``ip``: most likely a node that joined since this
@@ -520,6 +529,7 @@ class Daemon:
                 artifact.plan, artifact.plan_at = plan, now
                 if plan.holders:
                     artifact.seeders = plan.holders
+                    artifact.seeders_named.set()
                 if plan.peers:
                     self.session.dial(info_hash, plan.peers)
                 artifact.plan_ttl = max(PLAN_TTL, 3 * interval)

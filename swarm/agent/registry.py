@@ -96,6 +96,9 @@ class Artifact:
     seeders: tuple[str, ...] = ()
     """Addresses of nodes holding the whole artifact, from the coordinator's first plans
     (``OriginPlan.holders``; later plans name none, and these stay)."""
+    seeders_named: threading.Event = field(default_factory=threading.Event)
+    """Set when a plan names ``seeders``: the UDP source, waiting for a holder, looks at
+    once (it looked every 0.1 s: half of that, on average, of a far node's start)."""
     direct_pieces: int = 0
     """Pieces read from S3 as the plan's direct share (against ``plan.direct``)."""
     peers_idle_since: float | None = None

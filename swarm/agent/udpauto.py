@@ -258,7 +258,10 @@ def auto_udp(
                 want *= manifest.piece_size
             if not want or len(busy) >= MAX_LANES:
                 wait = choice.next_try_at - now if not lanes else 0.25
-                artifact.cancel.wait(min(0.5, max(0.05, wait)))
+                if lanes or artifact.seeders:
+                    artifact.cancel.wait(min(0.5, max(0.05, wait)))
+                else:  # no holder yet: the coordinator's first plan may name some
+                    artifact.seeders_named.wait(min(0.5, max(0.05, wait)))
                 continue
             peers = handle.get_peer_info()  # once a look: a Python object per peer
             connected = holders_of(peers, own_ip)
@@ -291,10 +294,16 @@ def auto_udp(
             kernel = rtts.get(holder.ip)
             how = "kernel's least" if kernel is not None else "connect"
             rtt = kernel if kernel is not None else far.get(holder.ip)
-            if rtt is None:
-                # a named seeder not connected yet is timed by one connect, not three
-                # (the kernel's handshake time, at the fetch's start: queues still empty)
-                named = holder.ip not in {h.ip for h in connected}
+            named = rtt is None and holder.ip not in {h.ip for h in connected}
+            if named and s3_rtt is not None:
+                # a seeder the coordinator named, not connected yet, while S3 is far: it
+                # is taken to be where S3 is (its session's own round trip says if it is
+                # near: reap), not timed by a connect first, a round trip of each far
+                # node's start
+                rtt, how = s3_rtt, "S3's round trip"
+            elif rtt is None:
+                # else one connect times it, not three (the kernel's handshake time, at
+                # the fetch's start: queues still empty)
                 rtt = connect_rtt(holder.ip, port, tries=1 if named else RTT_PROBES)
             if rtt is None:
                 log.info("udp: %s:%d refuses connections", holder.ip, port)
@@ -335,6 +344,8 @@ def auto_udp(
             # a session from this holder still in its tail tells the path's rate best
             running = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == holder.ip]
             ask = max((a for a in running if a), default=asks.get(holder.ip, DEFAULT_RATE_BPS))
+            log.info("udp: %d pieces from %s, asking %.0f Mbit/s, dealt among %d near",
+                     len(pieces), holder.ip, ask / 1e6, len(region))  # fmt: skip
             lanes.append(_Lane(artifact, holder.ip, port, secret, pieces, handle, choice, rtt, ask))
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import math
 import socket
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from swarm.agent.udpauto import s3_near_now
 from swarm.agent.udpchoice import (
     HOLDER_WAIT,
     NEAR_RTT,
+    OWNER_HORIZON,
     OWNER_NEXT,
     OWNER_STALL,
     PROBE_BACKOFF,
@@ -264,8 +266,15 @@ def test_a_helper_leaves_an_owner_its_next_pulls_unless_it_stalls() -> None:
     assert helps and not set(helps) & skipped
     now[0] = OWNER_STALL + 1  # b's share did not grow since
     assert owners_next(a, shares, holders, progress) == frozenset()
-    b_holds[lacks[0]] = True  # it grows again
-    assert len(owners_next(a, shares, holders, progress)) == OWNER_NEXT
+    b_holds[lacks[0]] = True  # it grows again, by one piece in OWNER_STALL + 1 seconds:
+    # a's help leaves it the few it brings in OWNER_HORIZON at that rate
+    slow = math.ceil(OWNER_HORIZON / (OWNER_STALL + 1))
+    assert owners_next(a, shares, holders, progress) == set(lacks[1 : 1 + slow])
+    for i in lacks[1:40]:  # then 39 more in a second: 8 a second since first seen
+        b_holds[i] = True
+    now[0] += 1
+    fast = math.ceil(40 / now[0] * OWNER_HORIZON)
+    assert owners_next(a, shares, holders, progress) == set(lacks[40 : 40 + fast])
 
 
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
