@@ -45,12 +45,21 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+MAX_PEERS_NAMED = 64
+"""Peers of a plan a node dials at most (the coordinator names 16)."""
+
+
 def _peer_addr(text: object) -> tuple[str, int] | None:
     """``ip:port`` (IPv6 as ``[ip]:port``) as a tuple, or None if it is not one."""
     if not isinstance(text, str):
         return None
     host, _, port = text.rpartition(":")
-    host = host.strip("[]")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if ":" not in host:
+            return None
+    elif ":" in host:  # an IPv6 address without its brackets: which colon is the port's?
+        return None
     if not _is_ip(host) or not port.isdigit() or not 0 < int(port) < 65536:
         return None
     return host, int(port)
@@ -205,9 +214,10 @@ class OriginPlan:
         estimate = body.get("s3_estimate")
         direct = body.get("direct")
         holders = body.get("holders") or []
-        peers = body.get("peers") or []
-        if not isinstance(holders, list) or not isinstance(peers, list):
+        if not isinstance(holders, list):
             return None
+        peers = body.get("peers")
+        peers = peers[:MAX_PEERS_NAMED] if isinstance(peers, list) else []  # a hint only
         return cls(
             stripe=tuple(stripe),
             mode=str(body.get("mode") or "stripe"),
@@ -215,5 +225,5 @@ class OriginPlan:
             s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
             direct=min(1.0, max(0.0, float(direct))) if isinstance(direct, int | float) else 0.0,
             holders=tuple(h for h in holders if isinstance(h, str) and _is_ip(h)),
-            peers=tuple(addr for addr in map(_peer_addr, peers) if addr is not None),
+            peers=tuple(a for a in map(_peer_addr, peers) if a is not None),
         )

@@ -76,6 +76,9 @@ BLOCKED_WAKE_GAP = 1.0
 it had not refused before (:meth:`Daemon.peer_blocked`); never less than the report
 interval the coordinator asks for (it stretches it as the fleet grows)."""
 
+MAX_DIAL_BACK = 32
+"""Members refused before they were known that one reply's admission dials back."""
+
 MAX_REFUSED = 4096
 """Addresses remembered as refused (each wakes the reporter once); forgotten past this."""
 
@@ -463,14 +466,17 @@ class Daemon:
             if added:
                 self._announce_soon()
             # A member that dialled in before this node knew it (a node that started
-            # later, dialling the peers its first plan named) is dialled back now: its
-            # own retry waits for its next announce.
-            refused = sorted(added & self._refused)
+            # later, dialling the peers its first plan named) is dialled back now, for
+            # the torrents still downloading (its own retry waits for its next announce).
+            # At this node's own port: the fleet's (as the UDP port), since members are
+            # addresses only. A few at most: the announce finds the rest.
+            refused = sorted(added & self._refused)[:MAX_DIAL_BACK]
             if refused:
                 self._refused -= set(refused)
                 port = self.session.listen_port
-                for info_hash in list(self.session.torrents):
-                    self.session.dial(info_hash, tuple((ip, port) for ip in refused))
+                for info_hash, state in list(self.session.torrents.items()):
+                    if not state.finished.is_set():
+                        self.session.dial(info_hash, tuple((ip, port) for ip in refused))
 
     def peer_blocked(self, ip: str) -> None:
         """The peer filter refused ``ip``: most likely a node that joined since this

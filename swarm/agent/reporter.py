@@ -89,16 +89,19 @@ class ReportPoster:
             self._conns[parts.netloc] = conn
         return conn
 
-    def open(self, url: str) -> None:
-        """Connect to ``url``'s coordinator before the first report (quietly: a failure
-        leaves the connect to :meth:`post`, which reports it)."""
-        conn = self._connection(url)
+    def open(self, url: str) -> bool:
+        """Connect to ``url``'s coordinator before the first report; False if that failed
+        (quietly: the report loop goes on to the next coordinator, or :meth:`post` tries
+        again and says why)."""
         try:
-            conn.connect()
-        except (OSError, http.client.HTTPException) as error:
+            self._connection(url).connect()
+        except Exception as error:  # OSError, a bad port, a name IDNA refuses (UnicodeError)
             log.debug("connecting to %s failed: %s", url, error)
-            conn.close()
-            del self._conns[urlsplit(url).netloc]
+            conn = self._conns.pop(urlsplit(url).netloc, None)
+            if conn is not None:
+                conn.close()
+            return False
+        return True
 
     def post(self, url: str, report: dict[str, Any]) -> tuple[int, Any]:
         """(status, JSON reply or None); OSError or HTTPException when the exchange fails."""
@@ -134,7 +137,8 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
         opening = loop.run_in_executor(None, poster.open, urls[current])
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(wake.wait(), FIRST_REPORT_HOLD)
-        await opening  # the first post uses the connection it opened
+        if not await opening and len(urls) > 1:  # (the first post uses the connection)
+            current = 1  # the first coordinator did not answer: the next one, at once
         while True:
             url = urls[current]
             # Cleared before the snapshot, not after the post: a wake during the post (a

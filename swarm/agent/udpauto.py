@@ -56,6 +56,7 @@ from swarm.agent.udpchoice import (
 from swarm.agent.udpsource import SOURCE, pull_pieces
 from swarm.sources.peers import TorrentSession
 from swarm.udp import DEFAULT_RATE_BPS, FetchStats, UdpAuthError, UdpError
+from swarm.udp.client import CONNECT_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ reads S3 after the wait."""
 LANE_GAP_SECONDS: Final = 1.0
 """See :data:`FIND_HOLDER_SECONDS`: the gap between one session and the next is the
 loop's look (at most half a second) and a holder's choice."""
+
+UNPROBED_CONNECT_TIMEOUT: Final = 1.0
+"""Seconds a session's connect may take to a seeder the coordinator named that this node
+never connected to (no connect times it first: :func:`auto_udp`)."""
 
 ASK_HEADROOM: Final = 2.0
 """A holder's next session asks for this multiple of the rate its last session delivered
@@ -185,6 +190,7 @@ def auto_udp(
         own_share: tuple[int, ...] | None = None  # as the last session was dealt
         near_ips: set[str] = set()
         asks: dict[str, int] = {}  # holder -> bit/s its next session asks for
+        unprobed: set[str] = set()  # named seeders never connected to yet
 
         def set_near(ip: str, seconds: float, how: str) -> None:
             log.info("udp: %s is near (%s %.1f ms): TCP's", ip, how, seconds * 1e3)
@@ -260,8 +266,9 @@ def auto_udp(
                 wait = choice.next_try_at - now if not lanes else 0.25
                 if lanes or artifact.seeders:
                     artifact.cancel.wait(min(0.5, max(0.05, wait)))
-                else:  # no holder yet: the coordinator's first plan may name some
-                    artifact.seeders_named.wait(min(0.5, max(0.05, wait)))
+                elif artifact.seeders_named.wait(min(0.5, max(0.05, wait))):
+                    # no holder yet, and the coordinator's first plan named some: look now
+                    choice.next_try_at = min(choice.next_try_at, time.monotonic())
                 continue
             peers = handle.get_peer_info()  # once a look: a Python object per peer
             connected = holders_of(peers, own_ip)
@@ -301,6 +308,7 @@ def auto_udp(
                 # near: reap), not timed by a connect first, a round trip of each far
                 # node's start
                 rtt, how = s3_rtt, "S3's round trip"
+                unprobed.add(holder.ip)
             elif rtt is None:
                 # else one connect times it, not three (the kernel's handshake time, at
                 # the fetch's start: queues still empty)
@@ -346,7 +354,13 @@ def auto_udp(
             ask = max((a for a in running if a), default=asks.get(holder.ip, DEFAULT_RATE_BPS))
             log.info("udp: %d pieces from %s, asking %.0f Mbit/s, dealt among %d near",
                      len(pieces), holder.ip, ask / 1e6, len(region))  # fmt: skip
-            lanes.append(_Lane(artifact, holder.ip, port, secret, pieces, handle, choice, rtt, ask))
+            # a seeder never connected to gets the connect timeout a timing connect had:
+            # one the store named that has since died holds no lane for 10 s
+            timeout = UNPROBED_CONNECT_TIMEOUT if holder.ip in unprobed else CONNECT_TIMEOUT
+            unprobed.discard(holder.ip)
+            lanes.append(
+                _Lane(artifact, holder.ip, port, secret, pieces, handle, choice, rtt, ask, timeout)
+            )
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a
         # stale handle): expected as a directly-read file is handed over on completion
@@ -386,8 +400,10 @@ class _Lane:
         choice: UdpChoice,
         rtt: float,
         rate_bps: int,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
+        self.connect_timeout = connect_timeout
         self.rate_bps = rate_bps
         self.pieces, self.rtt = pieces, rtt
         self.handle = handle
@@ -432,7 +448,7 @@ class _Lane:
         try:
             self.stats = pull_pieces(
                 self.artifact, self.ip, self.port, self.secret, self.pieces, self.stop,
-                offer=self._offer, rate_bps=self.rate_bps,
+                offer=self._offer, rate_bps=self.rate_bps, connect_timeout=self.connect_timeout,
             )  # fmt: skip
         except (UdpError, UdpAuthError) as error:  # UdpAuthError: a fleet misconfigured
             self.error = error

@@ -68,13 +68,15 @@ OWNER_STALL: Final = 3.0
 """Seconds without a new piece of its share after which a member is helped with all of it
 (a session of 16 pieces at a quarter of a far seeder's uplink takes about 3 s)."""
 
-OWNER_HORIZON: Final = 2.0
+OWNER_HORIZON: Final = 3.0
 """Seconds of a member's pulls, at the rate its share has grown since it was first seen,
-left to it (at most :data:`OWNER_NEXT` pieces, all of them in its first second): a
-helper takes the rest from the far end. With OWNER_NEXT for any member that made
-progress, a late or slow one (a node that started a second after the others, its
-sessions at 1.5 MB/s) held its region's last pieces alone: far-region's four nodes each
-had 116-117 of 128 pieces 9 s in, and took 14.5 s."""
+left to it (at most :data:`OWNER_NEXT` pieces; all of them for :data:`OWNER_STALL`
+seconds after it was first seen, while its first sessions are on their way, and none
+once its share has not grown for as long): a helper takes the rest from the far end.
+With OWNER_NEXT for any member that made progress, a late or slow one (a node that
+started a second after the others, its sessions at 1.5 MB/s) held its region's last
+pieces alone: far-region's four nodes each had 116-117 of 128 pieces 9 s in, and took
+14.5 s."""
 
 WORTH_SECONDS: Final = 5.0
 """Try UDP only while TCP would take at least this long for what is missing: a fast
@@ -370,8 +372,10 @@ def share_lacking(
 class OwnerProgress:
     """How many of a region member's next pieces to leave it (:func:`owners_next`): what
     it brings in :data:`OWNER_HORIZON` at the rate its held share has grown since it was
-    first seen (:data:`OWNER_NEXT` in its first second, and at most that), none once it
-    has not grown for :data:`OWNER_STALL` seconds."""
+    first seen (:data:`OWNER_NEXT` for :data:`OWNER_STALL` seconds from then, and at most
+    that), none once it has not grown for :data:`OWNER_STALL` seconds. A share that
+    shrinks (the region grew, or the member's bitfield was briefly not seen) starts the
+    count afresh."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -380,16 +384,19 @@ class OwnerProgress:
 
     def __call__(self, ip: str, held: int) -> int:
         now = self._clock()
-        first = self._first.setdefault(ip, (held, now))
-        last = self._grew.get(ip)
-        if last is None or held > last[0]:
+        first = self._first.get(ip)
+        if first is None or held < first[0]:
+            self._first[ip] = first = (held, now)
+            self._grew[ip] = (held, now)
+        last = self._grew[ip]
+        if held > last[0]:
             self._grew[ip] = last = (held, now)
         if now - last[1] >= OWNER_STALL:
             return 0
         seen_for = now - first[1]
-        if seen_for < 1.0:
+        if seen_for < OWNER_STALL:
             return OWNER_NEXT
-        rate = (held - first[0]) / seen_for  # pieces a second
+        rate = (held - first[0]) / seen_for  # pieces a second, at least 0
         return min(OWNER_NEXT, math.ceil(rate * OWNER_HORIZON))
 
 

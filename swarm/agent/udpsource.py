@@ -13,6 +13,7 @@ from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
 from swarm.sources.peers import TorrentSession
 from swarm.udp import DEFAULT_RATE_BPS, FetchStats, fetch_pieces_sync
+from swarm.udp.client import CONNECT_TIMEOUT
 
 SOURCE = "udp"
 """The name UDP bytes go under in ``bytes_by_source``."""
@@ -30,6 +31,7 @@ def pull_pieces(
     cancel: threading.Event,
     offer: Callable[[int, bytes | memoryview], bool] | None = None,
     rate_bps: int = DEFAULT_RATE_BPS,
+    connect_timeout: float = CONNECT_TIMEOUT,
 ) -> FetchStats:
     """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink (or
     through ``offer``, which hands them to the sink itself), asking the sender for at
@@ -48,6 +50,7 @@ def pull_pieces(
         cancel=cancel,
         rate_bps=rate_bps,
         held=sink.have,
+        connect_timeout=connect_timeout,
     )
 
 

@@ -192,12 +192,12 @@ def handle_report(
         outcome.completions = store.report(report, now, ttl)
         # an artifact the node no longer lists is gone from it (not only when it expires)
         planner.forget_unlisted(report.node, [item.info_hash for item in report.artifacts])
-        app[FETCHERS].note(report)
+        app[FETCHERS].note(report, now)
 
         def named(info_hash: str) -> dict[str, list[str]]:
             return {
                 "holders": seeders_for(app[SEEDERS], store, info_hash, report, now),
-                "peers": app[FETCHERS].others(info_hash, report.addr),
+                "peers": app[FETCHERS].others(info_hash, report.addr, now),
             }
 
         outcome.plans, rates, outcome.link = plan_origin(

@@ -26,6 +26,13 @@ MAX_SEEDER_LISTS: Final = 1024
 MAX_PLAN_PEERS: Final = 16
 """Fetching nodes named in a plan (:class:`RecentFetchers`)."""
 
+FETCHERS_TTL: Final = 10.0
+"""Seconds a node's report of an incomplete artifact keeps it named as fetching it (a
+node reports every second or so while it fetches; one that left is named no longer)."""
+
+MAX_FETCHER_LISTS: Final = 1024
+"""Artifacts whose fetchers are kept at once (the least recently reported goes first)."""
+
 
 class SeederCache:
     """Each artifact's seeders' addresses, read from the store at most once a
@@ -75,10 +82,12 @@ class RecentFetchers:
     through the tracker, as before. Worker threads share it (a lock: lists change)."""
 
     def __init__(self) -> None:
-        self._by_artifact: dict[str, OrderedDict[str, None]] = {}
+        # info-hash -> {addr: when it last reported the artifact incomplete}, both in
+        # the order of their last report
+        self._by_artifact: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def note(self, report: NodeReport) -> None:
+    def note(self, report: NodeReport, now: float) -> None:
         """Take the artifacts ``report`` lists: incomplete ones as fetched by its node,
         complete ones no longer (a seeder is named as one)."""
         with self._lock:
@@ -89,16 +98,23 @@ class RecentFetchers:
                         fetchers.pop(report.addr, None)
                     continue
                 if fetchers is None:
-                    if len(self._by_artifact) >= MAX_SEEDER_LISTS:
-                        self._by_artifact = {}
                     fetchers = self._by_artifact[item.info_hash] = OrderedDict()
-                fetchers[report.addr] = None
+                    if len(self._by_artifact) > MAX_FETCHER_LISTS:
+                        self._by_artifact.popitem(last=False)
+                self._by_artifact.move_to_end(item.info_hash)
+                fetchers[report.addr] = now
                 fetchers.move_to_end(report.addr)
                 if len(fetchers) > MAX_PLAN_PEERS:
                     fetchers.popitem(last=False)
 
-    def others(self, info_hash: str, addr: str) -> list[str]:
-        """The recent fetchers of ``info_hash`` but ``addr`` itself, newest first."""
+    def others(self, info_hash: str, addr: str, now: float) -> list[str]:
+        """The nodes that reported ``info_hash`` incomplete in the last
+        :data:`FETCHERS_TTL` seconds, newest first, but those on ``addr``'s host."""
+        host = host_of(addr)
         with self._lock:
-            fetchers = list(self._by_artifact.get(info_hash) or ())
-        return [a for a in reversed(fetchers) if a != addr]
+            fetchers = list((self._by_artifact.get(info_hash) or {}).items())
+        return [
+            a
+            for a, when in reversed(fetchers)
+            if 0 <= now - when < FETCHERS_TTL and host_of(a) != host
+        ]

@@ -268,6 +268,7 @@ async def fetch_pieces(
     gro: bool = True,
     progress: Callable[[p.ReceiverStats], None] | None = None,
     held: Callable[[int], bool] | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
 ) -> FetchStats:
     """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
 
@@ -285,6 +286,7 @@ async def fetch_pieces(
     asked for the pieces still on their way at every tick of the event loop (every 50 ms
     while data flows; it must return quickly), says a piece arrived from another source:
     the server is told to send no more of it (SKIP), and it counts in ``skipped``.
+    ``connect_timeout`` bounds the control connection's connect.
 
     Raises:
         UdpAuthError: the server does not share our fleet secret.
@@ -305,7 +307,7 @@ async def fetch_pieces(
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):
-            await _run(fetch, host, port, cancel)
+            await _run(fetch, host, port, cancel, connect_timeout)
     except TimeoutError:
         raise UdpError(f"UDP fetch from {host}:{port} did not finish in {timeout:g}s") from None
     except p.AuthenticationError as error:
@@ -357,9 +359,11 @@ def _block_for_route(host: str, port: int, block_size: int | None) -> int:
     return min(block, p.block_size_for_mtu(mtu, family == socket.AF_INET6))
 
 
-async def _run(fetch: _Fetch, host: str, port: int, cancel: threading.Event | None) -> None:
+async def _run(
+    fetch: _Fetch, host: str, port: int, cancel: threading.Event | None, connect_timeout: float
+) -> None:
     loop = asyncio.get_running_loop()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), connect_timeout)
     fetch.writer = writer
     server_ip = writer.get_extra_info("peername")[0]
     family = writer.get_extra_info("socket").family

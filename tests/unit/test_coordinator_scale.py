@@ -15,6 +15,7 @@ from swarm.coordinator.app import make_app
 from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
 from swarm.coordinator.handlers import handle_report
 from swarm.coordinator.holders import (
+    FETCHERS_TTL,
     MAX_PLAN_HOLDERS,
     MAX_PLAN_PEERS,
     SEEDERS_TTL,
@@ -393,8 +394,14 @@ def test_the_fetchers_named_to_a_new_node_are_the_latest_few() -> None:
     """A scale-out of many nodes: a new node is told at most MAX_PLAN_PEERS, the latest."""
     fetchers = RecentFetchers()
     for n in range(MAX_PLAN_PEERS + 5):
-        fetchers.note(parse_report(seeded(f"n{n}", (HASH, 0)) | {"addr": f"10.0.1.{n}:6881"}))
-    named = fetchers.others(HASH, "10.0.9.9:6881")
+        report = parse_report(seeded(f"n{n}", (HASH, 0)) | {"addr": f"10.0.1.{n}:6881"})
+        fetchers.note(report, n / 2)  # a report every half second
+    now = (MAX_PLAN_PEERS + 5) / 2
+    named = fetchers.others(HASH, "10.0.9.9:6881", now)
     assert len(named) == MAX_PLAN_PEERS
     assert named[0] == f"10.0.1.{MAX_PLAN_PEERS + 4}:6881" and "10.0.1.4:6881" not in named
-    assert fetchers.others("cd" * 20, "10.0.9.9:6881") == []
+    assert fetchers.others("cd" * 20, "10.0.9.9:6881", now) == []
+    # the same host on another port is not named to itself; nor is a node gone quiet
+    assert "10.0.1.20:6881" not in fetchers.others(HASH, "10.0.1.20:7000", now)
+    later = fetchers.others(HASH, "10.0.9.9:6881", 5 / 2 + FETCHERS_TTL + 0.25)
+    assert later == [f"10.0.1.{n}:6881" for n in range(MAX_PLAN_PEERS + 4, 5, -1)]

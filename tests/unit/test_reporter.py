@@ -9,7 +9,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from swarm.agent.reporter import FIRST_REPORT_HOLD, report_loop
+import pytest
+
+from swarm.agent import reporter
+from swarm.agent.reporter import report_loop
 
 
 class _Daemon:
@@ -86,10 +89,15 @@ def test_a_wake_during_a_post_sends_the_next_report_at_once() -> None:
     assert arrived[1] - arrived[0] < 1.0
 
 
-def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open() -> None:
+def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A daemon started by ``swarm fetch`` gets the fetch 0.1 s after it listens: its
     first report goes out with it, on a connection opened meanwhile (a report at once
-    held the fetch's behind a round trip), and without one after FIRST_REPORT_HOLD."""
+    held the fetch's behind a round trip), and without one after FIRST_REPORT_HOLD (a
+    second here: wide margins on a loaded machine)."""
+    hold = 1.0
+    monkeypatch.setattr(reporter, "FIRST_REPORT_HOLD", hold)
     connected: list[float] = []
     posted: list[tuple[float, Any]] = []
 
@@ -133,12 +141,12 @@ def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open() -> No
         return started
 
     try:
-        started = asyncio.run(run(0.1))
-        assert len(connected) == 1 and connected[0] - started < 0.1  # open before the fetch
-        assert 0.1 <= posted[0][0] - started < FIRST_REPORT_HOLD
+        started = asyncio.run(run(0.3))
+        assert len(connected) == 1 and connected[0] - started < 0.3  # open before the fetch
+        assert 0.3 <= posted[0][0] - started < hold
         posted.clear()
         started = asyncio.run(run(None))
-        assert FIRST_REPORT_HOLD <= posted[0][0] - started < FIRST_REPORT_HOLD + 0.5
+        assert hold <= posted[0][0] - started < 2 * hold
     finally:
         server.shutdown()
         server.server_close()

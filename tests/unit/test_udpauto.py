@@ -277,6 +277,20 @@ def test_a_helper_leaves_an_owner_its_next_pulls_unless_it_stalls() -> None:
     assert owners_next(a, shares, holders, progress) == set(lacks[40 : 40 + fast])
 
 
+def test_an_owner_whose_share_shrinks_is_counted_afresh() -> None:
+    """A share seen smaller (the region grew, or a bitfield was briefly missing) restarts
+    the owner's count: never a negative reserve (which kept all but a few pieces)."""
+    now = [0.0]
+    progress = OwnerProgress(lambda: now[0])
+    assert progress("10.0.1.2", 20) == OWNER_NEXT
+    now[0] = 1.5
+    assert progress("10.0.1.2", 0) == OWNER_NEXT  # afresh: first seen now
+    now[0] = 1.5 + OWNER_STALL + 0.5
+    assert progress("10.0.1.2", 0) == 0  # stalled since
+    now[0] += 1
+    assert 0 < progress("10.0.1.2", 12) <= OWNER_NEXT
+
+
 def test_the_best_holder_is_a_seed_else_the_one_with_most_of_what_is_missing() -> None:
     a = Holder("10.0.0.2", seed=False, pieces=[True, True, False])
     b = Holder("10.0.0.3", seed=False, pieces=[True, False, False])
@@ -293,8 +307,11 @@ def test_the_seeders_a_plan_names_are_holders_until_libtorrent_connects_them() -
     assert plan is not None and plan.holders == ("10.0.0.4", "10.0.0.5", "10.0.0.9")
     assert OriginPlan.from_json({"stripe": [], "holders": "10.0.0.4"}) is None
     peers = ["10.0.1.4:6881", "[2001:db8::1]:6881", "10.0.1.5", "10.0.1.6:0", "x:1", 3]
+    peers += ["2001:db8::1:6881", "[10.0.1.7]:6881"]
     named = OriginPlan.from_json({"stripe": [], "peers": peers})
     assert named is not None and named.peers == (("10.0.1.4", 6881), ("2001:db8::1", 6881))
+    odd = OriginPlan.from_json({"stripe": [3], "peers": "10.0.1.4:6881"})  # ignored only
+    assert odd is not None and odd.stripe == (3,) and odd.peers == ()
     connected = Holder("10.0.0.4", seed=False, pieces=[True, False])
     found = with_seeders([connected], plan.holders, own_ip="10.0.0.9")
     # libtorrent's view of a connected one stands; this node is no holder of its own
