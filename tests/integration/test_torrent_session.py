@@ -18,6 +18,14 @@ PIECE = 256 << 10
 PIECES = 8
 
 
+def _artifact(tmp_path: Path) -> tuple[Path, Manifest]:
+    """A PIECES-piece file and its manifest."""
+    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
+    return src, Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
+    )
+
+
 @pytest.fixture
 def session(tmp_path: Path) -> Iterator[TorrentSession]:
     session = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
@@ -33,10 +41,7 @@ def test_a_torrent_finishes_only_once_pieces_held_back_from_peers_are_in(
     # libtorrent calls a torrent finished once it holds every piece it *wants*: a piece
     # held back (priority 0) while S3 reads it is not wanted. The file must not count as
     # complete (and be hashed) before that piece is in it.
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
-    )
+    src, manifest = _artifact(tmp_path)
     data = src.read_bytes()
     piece = [data[i * PIECE : (i + 1) * PIECE] for i in range(PIECES)]
     state = session.add(manifest, tmp_path / "data.bin", [])
@@ -58,10 +63,7 @@ def test_a_torrent_finishes_only_once_pieces_held_back_from_peers_are_in(
 def test_pieces_held_back_at_a_restart_are_wanted_again(tmp_path: Path) -> None:
     # A daemon stopped while its S3 reader held pieces back saves their priority 0 in the
     # resume data; the next daemon must want them from peers again.
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
-    )
+    _, manifest = _artifact(tmp_path)
     first = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
     try:
         first.add(manifest, tmp_path / "data.bin", [])
@@ -81,10 +83,7 @@ def test_pieces_held_back_at_a_restart_are_wanted_again(tmp_path: Path) -> None:
 def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> None:
     # A node that joined since this one's last report is refused by its peer filter; the
     # daemon reports at once on it (Daemon.peer_blocked) to learn the new member.
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
-    )
+    src, manifest = _artifact(tmp_path)
     holder = TorrentSession("127.0.0.1", 0, tmp_path / "holder")
     newcomer = TorrentSession("127.0.0.2", 0, tmp_path / "newcomer")
     refused: list[str] = []
@@ -106,10 +105,7 @@ def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> N
 def test_the_peers_a_plan_names_are_dialled_without_the_tracker(tmp_path: Path) -> None:
     # A new node's first plan names the nodes fetching beside it (OriginPlan.peers): its
     # session connects to them at once, with no tracker configured at all here.
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
-    )
+    _, manifest = _artifact(tmp_path)
     first = TorrentSession("127.0.0.1", 0, tmp_path / "first")
     second = TorrentSession("127.0.0.2", 0, tmp_path / "second")
     try:

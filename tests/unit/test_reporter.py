@@ -36,6 +36,16 @@ class _Daemon:
         pass
 
 
+def _reply(handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+    """A coordinator's JSON answer to a report."""
+    raw = json.dumps(body).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(raw)))
+    handler.end_headers()
+    handler.wfile.write(raw)
+
+
 def test_a_wake_during_a_post_sends_the_next_report_at_once() -> None:
     """A fetch that asks for its first plan while a report is on its way (the daemon's
     first one, sent as it starts) must not wait the coordinator's interval: that report
@@ -51,12 +61,7 @@ def test_a_wake_during_a_post_sends_the_next_report_at_once() -> None:
             if len(arrived) == 1:
                 first_in.set()
                 release.wait(5)
-            body = json.dumps({"interval": 30}).encode()  # a long interval: only a wake
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, {"interval": 30})  # a long interval: only a wake
 
         def log_message(self, *args: object) -> None:
             pass
@@ -111,12 +116,7 @@ def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open(
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             posted.append((time.monotonic(), body))
-            reply = json.dumps({"interval": 30}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+            _reply(self, {"interval": 30})
 
         def log_message(self, *args: object) -> None:
             pass
