@@ -441,12 +441,10 @@ class Daemon:
         """Dial peers found outside the tracker (an Auto Scaling group) for every torrent,
         and remember them for torrents added later."""
         self.extra_peers = list(dict.fromkeys(self.extra_peers + list(addresses)))
-        count = 0
-        for state in list(self.session.torrents.values()):
-            for address in addresses:
-                state.handle.connect_peer(address)
-                count += 1
-        return count
+        torrents = list(self.session.torrents)
+        for info_hash in torrents:
+            self.session.dial(info_hash, tuple(addresses))
+        return len(torrents) * len(addresses)
 
     def take_members(self, members: list[str]) -> None:
         """The coordinator's authenticated members (plus peers known otherwise) become the
