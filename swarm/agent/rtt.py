@@ -4,55 +4,34 @@ only from far holders."""
 
 from __future__ import annotations
 
-import math
-import re
-import shutil
 import socket
-import subprocess
 import time
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from swarm.agent.tcpdiag import tcp_min_rtts
 from swarm.udp.datapath import handshake_rtt
 
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""
 
-SS = shutil.which("ss") or "/usr/bin/ss"
-"""iproute2's socket statistics: the kernel's own view of this node's TCP connections."""
-
 
 def kernel_min_rtts() -> dict[str, float]:
     """The least round trip the kernel has measured on this node's TCP connections, per
-    peer address, in seconds (empty if there is no ``ss``). Linux keeps each connection's
-    minimum over a window of minutes (``tcp_min_rtt_wlen``), so a moment with the queues
-    drained is enough: on a near path under load, three connects in a row all waited
-    behind full tbf queues (40-120 ms in the s3-fast fleet at a quarter of its rates), and
-    every node ran two UDP sessions on its LAN, each flooding a 62.5 Mbit uplink for three
-    seconds for under 1 MB/s."""
-    try:
-        done = subprocess.run(
-            [SS, "-H", "-t", "-i", "-n"], capture_output=True, text=True, timeout=2.0, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    found: dict[str, float] = {}
-    peer: str | None = None
-    for line in done.stdout.splitlines():
-        if line[:1] not in (" ", "\t"):  # a connection: "STATE RECV-Q SEND-Q LOCAL PEER"
-            fields = line.split()
-            peer = _address(fields[-1]) if len(fields) >= 2 else None
-            continue
-        match = re.search(r"\bminrtt:([0-9.]+)", line)
-        if peer is not None and match:
-            found[peer] = min(found.get(peer, math.inf), float(match[1]) / 1e3)
-    return found
+    peer address, in seconds (empty if the kernel's table cannot be read:
+    :func:`swarm.agent.tcpdiag.tcp_min_rtts`). Linux keeps each connection's minimum over
+    a window of minutes (``tcp_min_rtt_wlen``), so a moment with the queues drained is
+    enough: on a near path under load, three connects in a row all waited behind full tbf
+    queues (40-120 ms in the s3-fast fleet at a quarter of its rates), and every node ran
+    two UDP sessions on its LAN, each flooding a 62.5 Mbit uplink for three seconds for
+    under 1 MB/s."""
+    return tcp_min_rtts()
 
 
-def _address(endpoint: str) -> str:
-    """``ss``'s ``ADDR:PORT`` as libtorrent names the address (no brackets, no IPv4-mapped
+def _address(ip: str) -> str:
+    """``ip`` as libtorrent and :func:`kernel_min_rtts` name it (no zone, no IPv4-mapped
     prefix)."""
-    ip = endpoint.rsplit(":", 1)[0].strip("[]").split("%")[0]
+    ip = ip.split("%")[0]
     return ip.removeprefix("::ffff:") if "." in ip else ip
 
 
@@ -77,7 +56,7 @@ def endpoint_addresses(url: str | None) -> set[str]:
         infos = socket.getaddrinfo(*endpoint, proto=socket.IPPROTO_TCP)
     except (OSError, ValueError):
         return set()
-    return {_address(f"{info[4][0]}:0") for info in infos}
+    return {_address(str(info[4][0])) for info in infos}
 
 
 def least_round_trip(rtts: dict[str, float], addresses: set[str]) -> float | None:

@@ -392,7 +392,7 @@ def live_loopback_connection() -> Iterator[int]:
 
 def test_kernel_min_rtt_reads_the_kernels_least_round_trip_of_a_live_connection() -> None:
     """The least round trip of this node's TCP connections to an address, as the kernel
-    measured it (``ss``): a loopback connection that carried data is near; an address
+    measured it (netlink sock_diag): a loopback connection that carried data is near; an address
     with no connection gives None (the connects decide then)."""
     with live_loopback_connection():
         rtt = kernel_min_rtts().get("127.0.0.1")
