@@ -46,6 +46,7 @@ from swarm.agent.udpchoice import (
     batch_pieces,
     best_holder,
     held_nearby,
+    lane_part,
     owners_next,
     region_order,
     region_shares,
@@ -337,15 +338,19 @@ def auto_udp(
             claimed = {i for lane in lanes for i in lane.pieces}
             shares = region_shares(tuple(sorted({own_ip, *region})), manifest.layout.count)
             own_share = shares[own_ip]
+            limit = max(1, want // manifest.piece_size)
             pieces = batch_pieces(
                 [i for i in missing if i not in claimed],
                 holder,
                 in_flight(),
-                max(1, want // manifest.piece_size),
+                limit,
                 region_order(own_ip, region, manifest.layout.count),
                 held_nearby(everyone, near_ips.__contains__)
                 | owners_next(own_ip, shares, everyone, owners),
             )
+            # a few pieces left to pull: split between this holder and another one free
+            others = any(h.ip != holder.ip and not penalties.skip(h.ip) for h in holders)
+            pieces = lane_part(pieces, limit, min(MAX_LANES - len(busy), 1 + others))
             if not pieces:
                 wait_for_holders(holders, now)
                 continue

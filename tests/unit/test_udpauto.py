@@ -34,6 +34,7 @@ from swarm.agent.udpchoice import (
     UdpChoice,
     batch_pieces,
     best_holder,
+    lane_part,
     owners_next,
     region_order,
     region_shares,
@@ -165,6 +166,19 @@ def test_sessions_take_what_the_holder_has_in_this_nodes_order() -> None:
         missing, half, in_flight={2, 4}, count=5, order=by_index, nearby=frozenset({0, 1, 4})
     )
     assert got == [3, 2]
+
+
+def test_a_few_pieces_left_are_split_between_the_holders_free_now() -> None:
+    """Sessions that could fill their limit take it whole; a short list (the region's
+    last pieces) is split evenly between the sessions that could start now, each from
+    another holder; alone, one session takes it all."""
+    many = list(range(16))
+    assert lane_part(many, limit=16, lanes=2) == many
+    assert lane_part(list(range(14)), limit=16, lanes=2) == list(range(7))
+    assert lane_part(list(range(5)), limit=16, lanes=2) == [0, 1, 2]
+    assert lane_part(list(range(14)), limit=16, lanes=1) == list(range(14))
+    assert lane_part([3], limit=16, lanes=2) == [3]
+    assert lane_part([], limit=16, lanes=2) == []
 
 
 def test_a_region_deals_the_pieces_so_its_first_sessions_are_disjoint() -> None:
