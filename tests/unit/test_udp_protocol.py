@@ -624,6 +624,11 @@ def test_adapt_rate_rule() -> None:
     assert p.adapt_rate(1.2e6, target, 100, 0) == (p.MIN_RATE_BPS, True)
     # More received than expected (duplicates, reordering): treated as no loss.
     assert p.adapt_rate(100e6, target, 10, 12)[1] is False
+    # A datagram or two lost at random is no loss, however few the datagrams (at 8 Mbit/s
+    # a report holds ~35): the rate grows (in slow start, doubles); three lost is a cut.
+    assert p.adapt_rate(8e6, target, 35, 34) == (pytest.approx(8e6 * 1.04), False)
+    assert p.adapt_rate(8e6, target, 35, 33, slow_start=True) == (pytest.approx(16e6), False)
+    assert p.adapt_rate(8e6, target, 35, 32) == (pytest.approx(8e6 * (1 - 3 / 35)), True)
 
 
 def test_a_session_starts_at_an_eighth_of_its_target_and_a_window_per_round_trip() -> None:
