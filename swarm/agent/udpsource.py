@@ -32,11 +32,12 @@ def pull_pieces(
     offer: Callable[[int, bytes | memoryview], bool] | None = None,
     rate_bps: int = DEFAULT_RATE_BPS,
     connect_timeout: float = CONNECT_TIMEOUT,
+    skip: Callable[[int], bool] | None = None,
 ) -> FetchStats:
     """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink (or
     through ``offer``, which hands them to the sink itself), asking the sender for at
-    most ``rate_bps``. Pieces the sink gets from another source meanwhile (peers, S3)
-    are skipped: the sender stops sending them."""
+    most ``rate_bps``. Pieces the sink gets from another source meanwhile (peers, S3),
+    or that ``skip`` says come otherwise, are skipped: the sender stops sending them."""
     manifest, sink = artifact.manifest, artifact.sink
     return fetch_pieces_sync(
         host,
@@ -49,7 +50,7 @@ def pull_pieces(
         piece_count=manifest.layout.count,
         cancel=cancel,
         rate_bps=rate_bps,
-        held=sink.have,
+        held=sink.have if skip is None else lambda i: sink.have(i) or skip(i),
         connect_timeout=connect_timeout,
     )
 

@@ -128,6 +128,29 @@ class _Handle:
         return self.peers
 
 
+class _Holding:
+    """A connected peer as ``get_peer_info`` gives it: its address, flags, bitfield."""
+
+    def __init__(self, ip: str, pieces: list[bool]) -> None:
+        self.ip, self.flags, self.pieces = (ip, 6881), 0, pieces
+
+
+def test_running_sessions_skip_what_the_region_holds() -> None:
+    """What a near peer holds comes through the region's exchange: a session skips it.
+    A far holder's pieces (the seeder the sessions pull from) are not skipped, nor a
+    near peer's before the kernel has timed its connection."""
+    near = _Holding("10.0.0.2", [True, False, True, False])
+    far = _Holding("10.0.1.1", [True] * 4)
+    untimed = _Holding("10.0.0.3", [False, True, False, False])
+    region_held = udpauto.RegionHeld()
+    assert not region_held(0)  # nothing looked at yet
+    rtts = {"10.0.0.2": 0.001, "10.0.1.1": 0.1}
+    region_held.look([near, far, untimed], "10.0.0.9", rtts)
+    assert [i for i in range(4) if region_held(i)] == [0, 2]
+    region_held.look([near, far, untimed], "10.0.0.9", {**rtts, "10.0.0.3": 0.001})
+    assert [i for i in range(4) if region_held(i)] == [0, 1, 2]
+
+
 def test_a_session_competes_with_tcp_from_its_own_holder() -> None:
     """Not with S3 nor other holders (other paths: what they bring adds to UDP's); every
     connection to the holder counts."""
