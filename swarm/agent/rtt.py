@@ -9,7 +9,7 @@ import time
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from swarm.agent.tcpdiag import tcp_min_rtts
+from swarm.agent.tcpdiag import plain_address, tcp_min_rtts
 from swarm.udp.datapath import handshake_rtt
 
 RTT_PROBES: Final = 3
@@ -26,13 +26,6 @@ def kernel_min_rtts() -> dict[str, float]:
     two UDP sessions on its LAN, each flooding a 62.5 Mbit uplink for three seconds for
     under 1 MB/s."""
     return tcp_min_rtts()
-
-
-def _address(ip: str) -> str:
-    """``ip`` as libtorrent and :func:`kernel_min_rtts` name it (no zone, no IPv4-mapped
-    prefix)."""
-    ip = ip.split("%")[0]
-    return ip.removeprefix("::ffff:") if "." in ip else ip
 
 
 def _host_port(url: str | None) -> tuple[str, int] | None:
@@ -56,7 +49,7 @@ def endpoint_addresses(url: str | None) -> set[str]:
         infos = socket.getaddrinfo(*endpoint, proto=socket.IPPROTO_TCP)
     except (OSError, ValueError):
         return set()
-    return {_address(str(info[4][0])) for info in infos}
+    return {plain_address(str(info[4][0])) for info in infos}
 
 
 def least_round_trip(rtts: dict[str, float], addresses: set[str]) -> float | None:

@@ -287,7 +287,6 @@ def udp_wanted(s3_rtt: float | None) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=64)
 def _ranks(ip: str, count: int) -> array[int]:
     """A node's rank of each of ``count`` pieces: a hash of its address and the piece
     (8 bytes a piece: 64 members of 10,000-piece artifacts cost 5 MB). Cached: every

@@ -2,10 +2,10 @@
 
 Rate rule (:func:`adapt_rate`): the receiver reports, every ``REPORT_INTERVAL``, how many
 datagrams the sender's ``seq`` says were sent in the interval and how many arrived; above
-2% loss the sender cuts its rate to the delivered rate, below 0.5% it speeds up by 4% per
-interval (doubling once per feedback loop until the first cut), in between it holds;
-never above
-min(client's ask, server's cap). Random loss below 2% (a lossy WAN path) therefore never
+2% loss (of at least :data:`MIN_LOST` datagrams) the sender cuts its rate to the
+delivered rate, below 0.5% it speeds up by 4% per interval (doubling once per feedback
+loop until the first cut), in between it holds; never above min(client's ask, server's
+cap). Random loss below 2% (a lossy WAN path) therefore never
 slows the sender: only a queue overflowing does, which is what a rate-based blast wants.
 
 The feedback loop (:class:`RateFeedback`) feeds the rule: it pools reports into samples and

@@ -57,6 +57,11 @@ def test_an_ipv4_mapped_peer_is_named_as_ipv4() -> None:
     mapped = socket.inet_pton(socket.AF_INET6, "::ffff:10.1.2.3")
     assert tcpdiag._peer(socket.AF_INET6, mapped) == "10.1.2.3"
     assert tcpdiag._peer(socket.AF_INET, socket.inet_aton("10.9.8.7") + bytes(12)) == "10.9.8.7"
+    # the one name for an address, here and for S3's resolved ones (rtt.endpoint_addresses)
+    assert tcpdiag.plain_address("::ffff:10.1.2.3") == "10.1.2.3"
+    assert tcpdiag.plain_address("fe80::1%eth0") == "fe80::1"
+    assert tcpdiag.plain_address("2001:db8::1") == "2001:db8::1"
+    assert tcpdiag.plain_address("10.0.0.1") == "10.0.0.1"
 
 
 def test_a_message_without_tcp_info_or_a_measured_rtt_gives_none() -> None:
