@@ -257,7 +257,8 @@ class ServerSession:
         self._requested_rate = float(max(MIN_RATE_BPS, rate_bps))
         self._target = min(self._requested_rate, self.rate_cap)
         wire = block_size + DGRAM_OVERHEAD
-        self._pacer = Pacer(start_rate(self._target, path_rtt), 2 * wire)
+        capped = self.rate_cap < self._requested_rate
+        self._pacer = Pacer(start_rate(self._target, path_rtt, capped), 2 * wire)
         self._feedback = RateFeedback()
         body = pack_accept(piece_size, total_size, block_size, int(self._target), missing)
         self._side.send_sealed(Msg.ACCEPT, body)

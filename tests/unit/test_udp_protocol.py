@@ -639,6 +639,18 @@ def test_a_session_starts_at_an_eighth_of_its_target_and_a_window_per_round_trip
     assert start_rate(2e6, 0.1) == p.MIN_RATE_BPS
 
 
+def test_a_session_the_servers_budget_caps_starts_at_half_of_its_share() -> None:
+    assert start_rate(46e6, 0.1, capped=True) == pytest.approx(23e6)
+    assert start_rate(184e6, 0.1, capped=True) == pytest.approx(32e6)  # the window holds
+    for cap, first in ((10**9, 10**8 / 8), (40e6, 20e6)):  # the ask (100 Mbit/s), a share
+        server, client = handshake()
+        server.set_rate_cap(cap)
+        server.receive_control(client.data_to_send(), 0.0)
+        server.events()
+        server.accept(4096, 8000, [0, 1], [], 10**8, 1024)
+        assert server.rate == pytest.approx(first)
+
+
 def test_block_plan_numbers_blocks_in_request_order() -> None:
     plan = p.BlockPlan([2, 0], piece_size=10, total_size=25, block_size=4)
     # Piece 2 is the 5-byte tail: 2 blocks; piece 0 has 3.
