@@ -268,13 +268,14 @@ def auto_udp(
             for lane in [lane for lane in lanes if not lane.running]:
                 lanes.remove(lane)
                 reap(lane)
+            missing = sink.missing()
             if lanes:
                 artifact.leave_s3_to_udp(LANE_GAP_SECONDS)
             elif near_ips:
                 nearby = held_nearby(
                     holders_of(handle.get_peer_info(), own_ip), near_ips.__contains__
                 )
-                if nearby.issuperset(sink.missing()):
+                if nearby.issuperset(missing):
                     artifact.leave_s3_to_udp(REGION_HOLDS_SECONDS)
             # a lane in its tail makes room: the next session's handshake and ramp (a
             # second or so on a 100 ms path) overlap the tail instead of following it
@@ -282,7 +283,6 @@ def auto_udp(
             now = time.monotonic()
             rates = window.add(now, tcp_bytes())
             tcp_rate = rates[0] if rates else 0.0
-            missing = sink.missing()
             want = choice.session_bytes(now, tcp_rate, len(missing) * manifest.piece_size)
             if (
                 not want

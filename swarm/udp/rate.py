@@ -62,7 +62,9 @@ trips. far-region's seeders split 184 Mbit/s among four far sessions: from an ei
 each took three round trips of 0.1-0.2 s to reach its 46; from half, the far downlinks
 were full 0.6 s after the first datagram (0.9 before), and eight alternating pairs ran
 8.12 s mean (median 8.09) against 8.22 (8.24). Still at most :data:`START_WINDOW_BYTES`
-per round trip."""
+per round trip: a server that has measured no link yet shares its default budget (1
+Gbit/s) the same way, and on a far path (UDP serves only those) the window is the bound
+that holds then (32 Mbit/s at 100 ms, 160 at 20)."""
 
 
 def start_rate(target: float, path_rtt: float | None = None, capped: bool = False) -> float:
