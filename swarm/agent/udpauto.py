@@ -79,12 +79,13 @@ loop's look (at most half a second) and a holder's choice."""
 
 REGION_HOLDS_SECONDS: Final = 1.0
 """While S3 is far and no session runs, the S3 reader leaves it alone this long each time
-the loop finds that this node's region (its near peers) holds every missing piece: they
-come at LAN speed from there, and a read across the WAN only arrives second. After
-far-region's sessions, the far nodes read their stripes from S3 (the plan's) with 17-34
-pieces missing, all held next door: the origin sent 0.07-0.21 F across the WAN into the
-far downlinks, 0.03 F with this, and eight alternating pairs ran 8.04 s mean (median
-7.99, faster in seven) against 8.30 (8.16)."""
+the loop finds that this node's region (:class:`RegionHeld`, looked at every quarter to
+half second) holds every missing piece: they come at LAN speed from there, and a read
+across the WAN only arrives second. After far-region's sessions, the far nodes read
+their stripes from S3 (the plan's) with 17-34 pieces missing, all held next door: the
+origin sent 0.07-0.21 F across the WAN into the far downlinks, 0.03 F with this, and
+eight alternating pairs ran 8.04 s mean (median 7.99, faster in seven) against 8.30
+(8.16)."""
 
 UNPROBED_CONNECT_TIMEOUT: Final = 1.0
 """Seconds a session's connect may take to a seeder the coordinator named that this node
@@ -139,9 +140,10 @@ def near_peers(peers: list[Any], own_ip: str, rtts: dict[str, float]) -> list[st
 class RegionHeld:
     """The pieces this node's region holds (its peers under :data:`NEAR_RTT`, holders or
     not, as :func:`near_peers` finds them), as last looked at: the region's exchange
-    brings them, so a running session skips them. Two members whose first sessions were
+    brings them, so a running session skips them (two members whose first sessions were
     dealt before they met pulled the same pieces across the WAN, and far-region's two
-    seeders sent 188 MB for its 134 MB artifact."""
+    seeders sent 188 MB for its 134 MB artifact), and while the region holds every missing
+    piece the S3 reader leaves the far S3 alone (:data:`REGION_HOLDS_SECONDS`)."""
 
     def __init__(self) -> None:
         self.pieces: frozenset[int] = frozenset()
@@ -152,6 +154,10 @@ class RegionHeld:
 
     def __call__(self, index: int) -> bool:
         return index in self.pieces
+
+    def holds(self, missing: list[int]) -> bool:
+        """The region holds every one of ``missing`` (some are missing)."""
+        return bool(missing) and self.pieces.issuperset(missing)
 
 
 def tcp_rate_from(handle: Any, ip: str) -> float:
@@ -271,12 +277,8 @@ def auto_udp(
             missing = sink.missing()
             if lanes:
                 artifact.leave_s3_to_udp(LANE_GAP_SECONDS)
-            elif near_ips:
-                nearby = held_nearby(
-                    holders_of(handle.get_peer_info(), own_ip), near_ips.__contains__
-                )
-                if nearby.issuperset(missing):
-                    artifact.leave_s3_to_udp(REGION_HOLDS_SECONDS)
+            elif region_held.holds(missing):
+                artifact.leave_s3_to_udp(REGION_HOLDS_SECONDS)
             # a lane in its tail makes room: the next session's handshake and ramp (a
             # second or so on a 100 ms path) overlap the tail instead of following it
             busy = {lane.ip for lane in lanes if not lane.in_tail()}
@@ -300,8 +302,8 @@ def auto_udp(
                 want *= manifest.piece_size
             if not want or len(busy) >= MAX_LANES:
                 wait = choice.next_try_at - now if not lanes else 0.25
-                if lanes:
-                    region_held.look(handle.get_peer_info(), own_ip, kernel_min_rtts())
+                # for the running sessions' skips, and without any for the S3 reader
+                region_held.look(handle.get_peer_info(), own_ip, kernel_min_rtts())
                 if lanes or artifact.seeders:
                     artifact.cancel.wait(min(0.5, max(0.05, wait)))
                 elif artifact.seeders_named.wait(min(0.5, max(0.05, wait))):

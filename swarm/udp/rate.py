@@ -59,8 +59,9 @@ CAPPED_START_FRACTION: Final = 0.5
 (its measured uplink divided among its sending sessions) rather than what the client
 asked: that share fits the uplink, so starting at an eighth of it only costs round
 trips. far-region's seeders split 184 Mbit/s among four far sessions: from an eighth,
-each took three round trips of 0.1-0.2 s to reach its 46; from half, the far downlinks
-were full 0.6 s after the first datagram (0.9 before), and eight alternating pairs ran
+doubling once per round trip, a session needs three (0.1-0.2 s each) to reach its 46;
+from half, the far downlinks were full 0.6 s after the first datagram (0.9 before, port
+counters every 0.1 s, one run each), and eight alternating pairs ran
 8.12 s mean (median 8.09) against 8.22 (8.24). Still at most :data:`START_WINDOW_BYTES`
 per round trip: a server that has measured no link yet shares its default budget (1
 Gbit/s) the same way, and on a far path (UDP serves only those) the window is the bound

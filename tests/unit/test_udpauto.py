@@ -149,6 +149,10 @@ def test_running_sessions_skip_what_the_region_holds() -> None:
     assert [i for i in range(4) if region_held(i)] == [0, 2]
     region_held.look([near, far, untimed], "10.0.0.9", {**rtts, "10.0.0.3": 0.001})
     assert [i for i in range(4) if region_held(i)] == [0, 1, 2]
+    # the S3 reader waits only while the region holds every missing piece
+    assert region_held.holds([0, 2]) and region_held.holds([1])
+    assert not region_held.holds([2, 3])  # piece 3 only the far seeder has
+    assert not region_held.holds([])
 
 
 def test_a_session_competes_with_tcp_from_its_own_holder() -> None:
