@@ -91,7 +91,21 @@ as long as the list."""
 MEMBERS_FULL_PERIOD: Final = 1.0
 """Seconds the whole member list (sorted, encoded) is reused before it is rebuilt, so a
 thousand nodes joining in a second do not each sort the fleet; a node given it gets the
-changes since as a delta on its next report."""
+changes since as a delta on its next report. That is for :data:`MEMBERS_FULL_NODES`
+members or more; a shorter list is rebuilt sooner (:func:`full_list_period`)."""
+
+MEMBERS_FULL_NODES: Final = 10_000
+"""Members from which a stale whole list is reused for :data:`MEMBERS_FULL_PERIOD`."""
+
+
+def full_list_period(members: int) -> float:
+    """Seconds a stale whole member list of ``members`` is reused: in proportion to its
+    length (the cost of a rebuild), so that the rebuilds cost about the same each second
+    whatever the fleet's size. A node's first list is its peer filter until its next
+    report: far-region's four nodes joined within 0.1 s, got lists up to a second old
+    that lacked each other, and refused each other's connections (each refusal a report
+    and a dial-back later)."""
+    return MEMBERS_FULL_PERIOD * min(1.0, members / MEMBERS_FULL_NODES)
 
 
 def count_peers(peers: Iterable[PeerRecord]) -> tuple[int, int]:

@@ -15,7 +15,6 @@ from swarm.coordinator.fleet import (
     MAX_NODES,
     MAX_PEERS,
     MEMBERS_DELTA_MIN,
-    MEMBERS_FULL_PERIOD,
     MEMBERS_LOG,
     NODE_BUDGET,
     PEER_TTL,
@@ -24,6 +23,7 @@ from swarm.coordinator.fleet import (
     Members,
     PeerStore,
     StoreFull,
+    full_list_period,
     host_of,
     report_weight,
     split_addr,
@@ -279,6 +279,8 @@ class MemoryPeerStore(PeerStore):
                 ops = self._log[self._offsets[seq + 1 - self._log_first] : -1]
                 return Members(current, delta="[" + ops.decode() + "]")
         full = self._full
-        if full is None or (full[0] != self._seq and now - full[2] >= MEMBERS_FULL_PERIOD):
+        if full is None or (
+            full[0] != self._seq and now - full[2] >= full_list_period(len(self._ip_refs))
+        ):
             full = self._full = (self._seq, json.dumps(sorted(self._ip_refs)), now)
         return Members(f"{self.generation}.{full[0]}", members=full[1])

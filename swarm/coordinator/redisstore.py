@@ -52,7 +52,6 @@ import redis
 from swarm.coordinator.fleet import (
     MAX_NODES,
     MAX_PEERS,
-    MEMBERS_FULL_PERIOD,
     NODE_BUDGET,
     PEER_TTL,
     RANK_PERIOD,
@@ -60,6 +59,7 @@ from swarm.coordinator.fleet import (
     Members,
     PeerStore,
     StoreFull,
+    full_list_period,
     host_of,
     report_weight,
     slim,
@@ -158,7 +158,7 @@ class RedisPeerStore(PeerStore):
         client.set(PREFIX + "generation", generation or f"{time.time_ns():x}", nx=True)
         self.generation = (client.get(PREFIX + "generation") or b"0").decode()
         self._rankings: dict[bytes, _Ranking] = {}
-        self._full: tuple[int, str, float] | None = None
+        self._full: tuple[int, str, float, int] | None = None
         self._count: tuple[float, int] | None = None
         self._coordinators: tuple[float, int] | None = None
         self._dropped_peers = 0
@@ -418,7 +418,7 @@ class RedisPeerStore(PeerStore):
         if seq >= 0 and fresh_seq and known is not None and seq == known[1]:
             return Members(epoch)  # type: ignore[arg-type]
         full = self._full
-        fresh = full is not None and 0 <= now - full[2] < MEMBERS_FULL_PERIOD
+        fresh = full is not None and 0 <= now - full[2] < full_list_period(full[3])
         if seq < 0 and fresh and full is not None:
             return Members(f"{self.generation}.{full[0]}", members=full[1])
         reply = self._members(
@@ -433,7 +433,7 @@ class RedisPeerStore(PeerStore):
         if kind == 1:
             return Members(epoch_now, delta="[" + b",".join(items).decode() + "]")
         text = json.dumps(sorted(i.decode() for i in items))
-        self._full = (current, text, now)
+        self._full = (current, text, now, len(items))
         return Members(epoch_now, members=text)
 
 

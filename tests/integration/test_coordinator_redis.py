@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -180,6 +181,13 @@ def test_redis_nodes_membership_and_caps(client: redis.Redis) -> None:
     assert store.expire(20.0) == (0, 1) and store.departed() == ["a"]
     assert store.members("g.2", 21.0).delta == '["-10.0.0.1"]'
     assert store.node_count(100.0) == 1
+    # a new node's whole list holds the nodes that joined just before it (a short list is
+    # rebuilt when stale: swarm.coordinator.fleet.full_list_period)
+    late = report_body("d")
+    late["addr"] = "10.0.0.4:6881"
+    store.report(parse_report(late), 100.0, ttl=30)
+    joined = store.members(None, 100.01)
+    assert joined.members is not None and "10.0.0.4" in json.loads(joined.members)
 
 
 # -- two coordinators, one fleet -----------------------------------------------------------------

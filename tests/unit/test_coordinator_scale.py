@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.coordinator.app import make_app
-from swarm.coordinator.fleet import RANK_PERIOD, StoreFull
+from swarm.coordinator.fleet import (
+    MEMBERS_FULL_NODES,
+    MEMBERS_FULL_PERIOD,
+    RANK_PERIOD,
+    StoreFull,
+    full_list_period,
+)
 from swarm.coordinator.handlers import handle_report
 from swarm.coordinator.holders import (
     FETCHERS_TTL,
@@ -329,6 +335,21 @@ def test_membership_log_replays_to_the_current_list() -> None:
             assert held == live and reply.members is None
     # another generation's epoch is never current
     assert store.members("other.3", 300.0).members is not None
+
+
+def test_a_node_joining_a_small_fleet_gets_the_nodes_that_joined_just_before() -> None:
+    """Its first list is its peer filter until its next report: a list a second old
+    would refuse the nodes of its own scale-out (far-region's four joined in 0.1 s)."""
+    store = MemoryPeerStore(generation="g")
+    for step, node in enumerate("abcd"):
+        body = report_body(node)
+        body["addr"] = f"10.0.0.{step + 1}:6881"
+        store.report(parse_report(body), step * 0.03, ttl=20.0)
+        first = store.members(None, step * 0.03)
+        assert first.members is not None and len(json.loads(first.members)) == step + 1
+    # a list as long as MEMBERS_FULL_NODES is reused for the whole period
+    assert full_list_period(4) < 0.001
+    assert full_list_period(MEMBERS_FULL_NODES) == full_list_period(10**6) == MEMBERS_FULL_PERIOD
 
 
 def test_report_interval_follows_the_budget() -> None:
