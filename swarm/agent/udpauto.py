@@ -18,7 +18,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -86,6 +87,10 @@ their stripes from S3 (the plan's) with 17-34 pieces missing, all held next door
 origin sent 0.07-0.21 F across the WAN into the far downlinks, 0.03 F with this, and
 eight alternating pairs ran 8.04 s mean (median 7.99, faster in seven) against 8.30
 (8.16)."""
+
+OPENED_AHEAD_SECONDS: Final = 2.0
+"""A session opened ahead of its pieces (to a far holder as it is found, while this node
+waits to meet its region) that is dealt none this long is ended."""
 
 UNPROBED_CONNECT_TIMEOUT: Final = 1.0
 """Seconds a session's connect may take to a seeder the coordinator named that this node
@@ -233,7 +238,23 @@ def auto_udp(
             penalties.add(ip, math.inf)
             near_ips.add(ip)
 
+        def open_lane(ip: str, rtt: float, pieces: list[int] | None, ask: int) -> _Lane:
+            # a seeder never connected to gets the connect timeout a timing connect had:
+            # one the store named that has since died holds no lane for 10 s
+            timeout = UNPROBED_CONNECT_TIMEOUT if ip in unprobed else CONNECT_TIMEOUT
+            unprobed.discard(ip)
+            return _Lane(
+                artifact, ip, port, secret, pieces, handle, choice, rtt, ask,
+                connect_timeout=timeout, skip=region_held,
+            )  # fmt: skip
+
         def reap(lane: _Lane) -> None:
+            if not lane.dealt:  # opened ahead and never dealt: says nothing of the path
+                if lane.error is not None:
+                    lane.log_outcome()
+                    penalties.add(lane.ip)
+                    choice.failed(time.monotonic())
+                return
             lane.log_outcome()
             if lane.error is not None:
                 penalties.add(lane.ip)  # unreachable, no UDP server, wrong secret
@@ -281,7 +302,10 @@ def auto_udp(
                 artifact.leave_s3_to_udp(REGION_HOLDS_SECONDS)
             # a lane in its tail makes room: the next session's handshake and ramp (a
             # second or so on a 100 ms path) overlap the tail instead of following it
-            busy = {lane.ip for lane in lanes if not lane.in_tail()}
+            busy = {lane.ip for lane in lanes if lane.dealt and not lane.in_tail()}
+            for lane in lanes:
+                if not lane.dealt and time.monotonic() - lane.opened > OPENED_AHEAD_SECONDS:
+                    lane.abandon()
             now = time.monotonic()
             rates = window.add(now, tcp_bytes())
             tcp_rate = rates[0] if rates else 0.0
@@ -365,12 +389,26 @@ def auto_udp(
                 continue
             found = holder.ip not in far
             far[holder.ip] = rtt
+            dealt = any(lane.dealt for lane in lanes)
             if found:
                 log.info("udp: %s is far (%s %.1f ms)", holder.ip, how, rtt * 1e3)
                 first_far = first_far or time.monotonic()
+                if not dealt:
+                    # the first sessions' handshakes and path probes (two round trips) go
+                    # by while this node waits to meet its region (REGION_WAIT): to this
+                    # holder and to the other seeders named, taken to be where S3 is
+                    ahead = {holder.ip: rtt}
+                    if s3_rtt is not None:
+                        for ip in artifact.seeders:
+                            if ip != own_ip and ip not in near_ips and not penalties.skip(ip):
+                                ahead.setdefault(ip, far.get(ip, s3_rtt))
+                    for ip, seconds in list(ahead.items())[:MAX_LANES]:
+                        if not any(lane.ip == ip for lane in lanes):
+                            ask = asks.get(ip, DEFAULT_RATE_BPS)
+                            lanes.append(open_lane(ip, seconds, None, ask))
                 continue  # libtorrent may have met this node's region meanwhile: look again
             region = near_peers(peers, own_ip, rtts)
-            if not region and not lanes and time.monotonic() - first_far < REGION_WAIT:
+            if not region and not dealt and time.monotonic() - first_far < REGION_WAIT:
                 # the named seeders come before libtorrent has met the region's peers:
                 # a session dealt as if alone pulls pieces the region's others pull too
                 artifact.cancel.wait(0.05)
@@ -394,30 +432,21 @@ def auto_udp(
             if not pieces:
                 wait_for_holders(holders, now)
                 continue
+            opened = [lane for lane in lanes if lane.ip == holder.ip and not lane.dealt]
+            if opened and opened[0].deal(pieces):
+                log.info("udp: %d pieces from %s, opened ahead, dealt among %d near",
+                         len(pieces), holder.ip, len(region))  # fmt: skip
+                continue
             # a session from this holder still in its tail tells the path's rate best
-            running = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == holder.ip]
+            running = [
+                next_ask(lane.delivered_bps())
+                for lane in lanes
+                if lane.dealt and lane.ip == holder.ip
+            ]
             ask = max((a for a in running if a), default=asks.get(holder.ip, DEFAULT_RATE_BPS))
             log.info("udp: %d pieces from %s, asking %.0f Mbit/s, dealt among %d near",
                      len(pieces), holder.ip, ask / 1e6, len(region))  # fmt: skip
-            # a seeder never connected to gets the connect timeout a timing connect had:
-            # one the store named that has since died holds no lane for 10 s
-            timeout = UNPROBED_CONNECT_TIMEOUT if holder.ip in unprobed else CONNECT_TIMEOUT
-            unprobed.discard(holder.ip)
-            lanes.append(
-                _Lane(
-                    artifact,
-                    holder.ip,
-                    port,
-                    secret,
-                    pieces,
-                    handle,
-                    choice,
-                    rtt,
-                    ask,
-                    connect_timeout=timeout,
-                    skip=region_held,
-                )
-            )
+            lanes.append(open_lane(holder.ip, rtt, pieces, ask))
     except (KeyError, RuntimeError):
         # libtorrent let go of the torrent (KeyError from our table, RuntimeError from a
         # stale handle): expected as a directly-read file is handed over on completion
@@ -426,6 +455,7 @@ def auto_udp(
     finally:
         for lane in lanes:
             lane.stop.set()
+            lane.abandon()
         for lane in lanes:
             lane.join()
         scoped.close()
@@ -452,7 +482,7 @@ class _Lane:
         ip: str,
         port: int,
         secret: bytes,
-        pieces: list[int],
+        pieces: list[int] | None,
         handle: Any,
         choice: UdpChoice,
         rtt: float,
@@ -465,7 +495,12 @@ class _Lane:
         self.skip = skip
         """Pieces to leave to another source (:class:`RegionHeld`)."""
         self.rate_bps = rate_bps
-        self.pieces, self.rtt = pieces, rtt
+        self.rtt = rtt
+        self.pieces: list[int] = pieces or []
+        self.dealt = pieces is not None
+        """False while the session is opened ahead of its pieces (:meth:`deal`)."""
+        self._dealing: Future[Sequence[int]] | None = None if self.dealt else Future()
+        self.opened = time.monotonic()
         self.handle = handle
         self.choice = choice
         self.stop = threading.Event()
@@ -484,6 +519,23 @@ class _Lane:
     @property
     def running(self) -> bool:
         return self._watcher.is_alive()
+
+    def deal(self, pieces: list[int]) -> bool:
+        """Give a session opened ahead its pieces; False if it has ended meanwhile."""
+        dealing = self._dealing
+        if dealing is None or not self.running:
+            return False
+        self.pieces, self.dealt, self._started = pieces, True, time.monotonic()
+        with contextlib.suppress(InvalidStateError):  # cancelled as it ended
+            dealing.set_result(pieces)
+            return True
+        return False
+
+    def abandon(self) -> None:
+        """End a session opened ahead that is dealt nothing."""
+        if self._dealing is not None and not self.dealt:
+            with contextlib.suppress(InvalidStateError):
+                self._dealing.set_result([])
 
     def delivered_bps(self) -> float | None:
         """What the path delivered to this session (bit/s): every payload byte received
@@ -507,7 +559,8 @@ class _Lane:
     def _fetch(self) -> None:
         try:
             self.stats = pull_pieces(
-                self.artifact, self.ip, self.port, self.secret, self.pieces, self.stop,
+                self.artifact, self.ip, self.port, self.secret, self._dealing or self.pieces,
+                self.stop,
                 offer=self._offer, rate_bps=self.rate_bps, connect_timeout=self.connect_timeout,
                 skip=self.skip,
             )  # fmt: skip
@@ -526,6 +579,10 @@ class _Lane:
             now = time.monotonic()
             rates = window.add(now, self.new_bytes)
             self.tcp_rate = tcp_rate_from(self.handle, self.ip)
+            if not self.dealt:
+                window = RateWindow()  # judged from its pieces' request on
+                window.add(now, 0)
+                continue
             if rates is None or self.stop.is_set() or self.in_tail():
                 continue
             if not self.choice.keep(now - self._started, rates[0], self.tcp_rate, self.rtt):
@@ -538,6 +595,8 @@ class _Lane:
         """Whether most of this lane's pieces are in: the rest are NAKed blocks coming a
         round trip at a time, a rate that says nothing of the path (sessions judged then
         were stopped as losing, and their holder waited out a backoff)."""
+        if not self.dealt:
+            return False
         have, skip = self.artifact.sink.have, self.skip
         done = sum(1 for i in self.pieces if have(i) or (skip is not None and skip(i)))
         return done >= TAIL_SHARE * len(self.pieces)

@@ -7,7 +7,8 @@ checks every piece it hands over (``TorrentSink.offer``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
@@ -27,7 +28,7 @@ def pull_pieces(
     host: str,
     port: int,
     secret: bytes,
-    pieces: list[int],
+    pieces: Sequence[int] | Future[Sequence[int]],
     cancel: threading.Event,
     offer: Callable[[int, bytes | memoryview], bool] | None = None,
     rate_bps: int = DEFAULT_RATE_BPS,
@@ -37,7 +38,8 @@ def pull_pieces(
     """``pieces`` of ``artifact`` from the UDP server at ``host:port`` into its sink (or
     through ``offer``, which hands them to the sink itself), asking the sender for at
     most ``rate_bps``. Pieces the sink gets from another source meanwhile (peers, S3),
-    or that ``skip`` says come otherwise, are skipped: the sender stops sending them."""
+    or that ``skip`` says come otherwise, are skipped: the sender stops sending them.
+    ``pieces`` may come later, as a future (:func:`swarm.udp.client.fetch_pieces`)."""
     manifest, sink = artifact.manifest, artifact.sink
     return fetch_pieces_sync(
         host,

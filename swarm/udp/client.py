@@ -121,7 +121,20 @@ class _Fetch:
         # One thread: the sink sees pieces one at a time, in arrival order, and hashing
         # (which releases the GIL) overlaps with receiving.
         self.sink = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="udp-sink")
-        self.last_block = time.monotonic()
+        self.last_block = self.started = time.monotonic()
+
+    async def request_when_dealt(self, dealt: concurrent.futures.Future[Sequence[int]]) -> None:
+        """Ask for the pieces the caller deals (a session opened before they were known:
+        its handshake and path probe overlap the dealing); none: end the session."""
+        pieces = await asyncio.wrap_future(dealt)
+        if pieces:
+            self.session.request(list(pieces))
+            self.last_block = self.started = time.monotonic()  # its time runs from here
+        else:
+            self.session.cancel()
+        self.handle_events()
+        self.timer_wake.set()
+        self.wake.set()
 
     def fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -255,7 +268,7 @@ async def fetch_pieces(
     port: int,
     secret: bytes,
     info_hash_hex: str,
-    pieces: Sequence[int],
+    pieces: Sequence[int] | concurrent.futures.Future[Sequence[int]],
     on_piece: Callable[[int, bytes | bytearray], bool],
     *,
     piece_size: int | None = None,
@@ -271,6 +284,9 @@ async def fetch_pieces(
     connect_timeout: float = CONNECT_TIMEOUT,
 ) -> FetchStats:
     """Fetch ``pieces`` of the artifact ``info_hash_hex`` from the server at ``host:port``.
+    ``pieces`` may be a future the caller completes later: the session connects,
+    authenticates and proves its UDP path meanwhile, and asks for them once they are
+    dealt (an empty list ends it).
 
     ``on_piece(index, data)`` runs in a worker thread, one piece at a time (``data`` is
     reused once it returns: copy what must outlive the call); it returns False when the
@@ -293,21 +309,21 @@ async def fetch_pieces(
         UdpError: the server is unreachable, broke the protocol, or data stopped flowing.
     """
     key = p.FleetKey(secret)
+    dealt = pieces if isinstance(pieces, concurrent.futures.Future) else None
     session = p.ClientSession(
         key,
         os.urandom(p.NONCE_LEN),
         info_hash_hex,
-        list(pieces),
+        None if isinstance(pieces, concurrent.futures.Future) else list(pieces),
         rate_bps,
         _block_for_route(host, port, block_size),
         piece_size,
         piece_count,
     )
     fetch = _Fetch(session, on_piece, stall_timeout, gro, progress, held)
-    started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):
-            await _run(fetch, host, port, cancel, connect_timeout)
+            await _run(fetch, host, port, cancel, connect_timeout, dealt)
     except TimeoutError:
         raise UdpError(f"UDP fetch from {host}:{port} did not finish in {timeout:g}s") from None
     except p.AuthenticationError as error:
@@ -334,7 +350,7 @@ async def fetch_pieces(
         forged=stats.forged,
         naks=stats.naks,
         hash_failures=stats.hash_failures,
-        seconds=time.monotonic() - started,
+        seconds=time.monotonic() - fetch.started,
         sender_rate_bps=stats.sender_rate_bps if plan is not None else 0,
         block_size=plan.block_size if plan is not None else 0,
         srtt=stats.srtt,
@@ -360,7 +376,12 @@ def _block_for_route(host: str, port: int, block_size: int | None) -> int:
 
 
 async def _run(
-    fetch: _Fetch, host: str, port: int, cancel: threading.Event | None, connect_timeout: float
+    fetch: _Fetch,
+    host: str,
+    port: int,
+    cancel: threading.Event | None,
+    connect_timeout: float,
+    dealt: concurrent.futures.Future[Sequence[int]] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), connect_timeout)
@@ -381,6 +402,8 @@ async def _run(
             asyncio.ensure_future(fetch.read_loop(reader)),
             asyncio.ensure_future(fetch.timer_loop(cancel)),
         ]
+        if dealt is not None:
+            tasks.append(asyncio.ensure_future(fetch.request_when_dealt(dealt)))
 
         def failed(task: asyncio.Future[Any]) -> None:
             error = None if task.cancelled() else task.exception()

@@ -36,7 +36,7 @@ from swarm.udp.events import (
     TransferDone,
 )
 from swarm.udp.loss import LossTracker
-from swarm.udp.request import check_request, pack_request, parse_accept
+from swarm.udp.request import check_pieces, check_request, pack_request, parse_accept
 from swarm.udp.wire import (
     ACCEPT,
     DEFAULT_BLOCK_SIZE,
@@ -77,6 +77,7 @@ server has validated the path early) is kept up to this and taken once ACCEPT is
 
 class ClientState(enum.Enum):
     AWAIT_CHALLENGE = "await challenge"
+    AWAIT_PIECES = "await pieces"
     AWAIT_ACCEPT = "await accept"
     PROBING = "probing"
     RECEIVING = "receiving"
@@ -103,14 +104,18 @@ class ReceiverStats:
 
 
 class ClientSession:
-    """The receiving side: authenticates, requests pieces, reassembles and NAKs blocks."""
+    """The receiving side: authenticates, requests pieces, reassembles and NAKs blocks.
+
+    ``pieces`` None: the session authenticates and proves its UDP path, then waits for
+    :meth:`request` (a caller that decides what to ask for while the handshake's round
+    trips go by)."""
 
     def __init__(
         self,
         key: FleetKey,
         client_nonce: bytes,
         info_hash_hex: str,
-        pieces: Sequence[int],
+        pieces: Sequence[int] | None,
         rate_bps: int,
         block_size: int = DEFAULT_BLOCK_SIZE,
         piece_size: int | None = None,
@@ -124,7 +129,7 @@ class ClientSession:
         self._hello = VERSION_MAGIC + client_nonce
         self._client_nonce = client_nonce
         self._info_hash = info_hash
-        self._requested = list(pieces)
+        self._requested = None if pieces is None else list(pieces)
         self._rate = rate_bps
         self._block_size = block_size
         self._expect_piece_size = piece_size
@@ -173,7 +178,7 @@ class ClientSession:
     def _handle(self, kind: int, body: bytes, now: float) -> None:
         side = self._side
         if kind == Msg.ERROR:
-            awaiting_accept = self.state is ClientState.AWAIT_ACCEPT
+            awaiting_accept = self.state in (ClientState.AWAIT_PIECES, ClientState.AWAIT_ACCEPT)
             self.state = ClientState.DONE
             try:
                 reason = side.error_frame(body)
@@ -181,7 +186,7 @@ class ClientSession:
                 if not awaiting_accept:
                     raise
                 # A server that rejects our AUTH has no session keys, so it answers in
-                # plaintext; a plaintext ERROR is accepted only in this one state.
+                # plaintext; a plaintext ERROR is accepted only after our AUTH.
                 plain = body.decode("utf-8", "replace")
                 raise AuthenticationError(
                     f"the server refused our fleet secret ({plain})"
@@ -203,19 +208,21 @@ class ClientSession:
             self._probe = Sealer(keys.data_c2s)
             self.session_id = keys.session_id
             side.send_plain(Msg.AUTH, self._key.proof(b"client", transcript))
-            req = pack_request(self._info_hash, self._rate, self._block_size, self._requested)
-            side.send_sealed(Msg.REQUEST, req)
-            self.state = ClientState.AWAIT_ACCEPT
+            self.state = ClientState.AWAIT_PIECES
+            if self._requested is not None:
+                self._send_request(self._requested)
             self._next_probe = now + FIRST_PROBE_AFTER
             side.pending.append(Authenticated(self.session_id))
             return
         body = side.open(kind, body)
+        if self.state is ClientState.AWAIT_PIECES:
+            raise RemoteProtocolError(f"unexpected message type {kind} before our REQUEST")
         if self.state is ClientState.AWAIT_ACCEPT:
             if kind == Msg.REFUSE:
                 if not body:
                     raise RemoteProtocolError("empty REFUSE")
                 side.pending.append(Refused(body[0], body[1:].decode("utf-8", "replace")))
-                self.unavailable = tuple(self._requested)
+                self.unavailable = tuple(self._requested or ())
                 self.state = ClientState.DONE
                 return
             if kind != Msg.ACCEPT or len(body) < ACCEPT.size:
@@ -243,7 +250,26 @@ class ClientSession:
         else:
             raise RemoteProtocolError(f"unexpected message type {kind} in {self.state.value}")
 
+    def request(self, pieces: Sequence[int]) -> None:
+        """Ask for ``pieces`` (a session made without them): now if the handshake is done,
+        else with AUTH."""
+        if self._requested is not None or self.state not in (
+            ClientState.AWAIT_CHALLENGE,
+            ClientState.AWAIT_PIECES,
+        ):
+            raise LocalProtocolError(f"request() twice or in {self.state.value}")
+        check_pieces(pieces, self._expect_piece_count)
+        self._requested = list(pieces)
+        if self.state is ClientState.AWAIT_PIECES:
+            self._send_request(self._requested)
+
+    def _send_request(self, pieces: list[int]) -> None:
+        req = pack_request(self._info_hash, self._rate, self._block_size, pieces)
+        self._side.send_sealed(Msg.REQUEST, req)
+        self.state = ClientState.AWAIT_ACCEPT
+
     def _on_accept(self, body: bytes) -> None:
+        assert self._requested is not None
         accepted = parse_accept(
             body,
             self._requested,
@@ -508,9 +534,13 @@ class ClientSession:
         return skipped
 
     def cancel(self) -> None:
-        """Stop the transfer (deadline, shutdown): tells the server DONE."""
+        """Stop the transfer (deadline, shutdown): tells the server DONE; a session that
+        has asked for nothing yet just ends (its control connection closes)."""
         if self.state in (ClientState.PROBING, ClientState.RECEIVING):
             self._finish()
+        elif self._requested is None and self.state is not ClientState.DONE:
+            self.state = ClientState.DONE
+            self._side.pending.append(TransferDone())
 
     def _finish(self) -> None:
         self._side.send_sealed(Msg.DONE, b"")
@@ -545,7 +575,8 @@ class ClientSession:
     def _probing(self) -> bool:
         """PROBEs go out from the keys (AUTH sent) until the path is proven."""
         return self.state is ClientState.PROBING or (
-            self.state is ClientState.AWAIT_ACCEPT and self._probe is not None
+            self.state in (ClientState.AWAIT_PIECES, ClientState.AWAIT_ACCEPT)
+            and self._probe is not None
         )
 
     def _seal_probe(self) -> bytes:

@@ -30,12 +30,13 @@ from swarm.udp.wire import (
 
 def check_request(
     info_hash_hex: str,
-    pieces: Sequence[int],
+    pieces: Sequence[int] | None,
     rate_bps: int,
     block_size: int,
     piece_count: int | None,
 ) -> bytes:
-    """The client's own request, before it is sent; returns the info-hash's bytes."""
+    """The client's own request, before it is sent; returns the info-hash's bytes.
+    ``pieces`` None: checked later (:func:`check_pieces`), when they are dealt."""
     try:
         info_hash = bytes.fromhex(info_hash_hex)
     except ValueError:
@@ -43,15 +44,21 @@ def check_request(
     if len(info_hash) != HASH_LEN:
         raise LocalProtocolError(f"info_hash must be 40 hex digits, got {info_hash_hex!r}")
     validate_block_size(block_size)
+    if pieces is not None:
+        check_pieces(pieces, piece_count)
+    if rate_bps < MIN_RATE_BPS:
+        raise LocalProtocolError(f"rate_bps must be >= {MIN_RATE_BPS}, got {rate_bps}")
+    return info_hash
+
+
+def check_pieces(pieces: Sequence[int], piece_count: int | None) -> None:
+    """A request's pieces: 1 to :data:`MAX_PIECES_PER_REQUEST` distinct, in range."""
     if not pieces or len(pieces) > MAX_PIECES_PER_REQUEST or len(set(pieces)) != len(pieces):
         raise LocalProtocolError(
             f"pieces must be 1..{MAX_PIECES_PER_REQUEST} distinct indices, got {len(pieces)}"
         )
     if min(pieces) < 0 or (piece_count is not None and max(pieces) >= piece_count):
         raise LocalProtocolError(f"piece index out of range 0..{piece_count}")
-    if rate_bps < MIN_RATE_BPS:
-        raise LocalProtocolError(f"rate_bps must be >= {MIN_RATE_BPS}, got {rate_bps}")
-    return info_hash
 
 
 def pack_request(info_hash: bytes, rate_bps: int, block_size: int, pieces: Sequence[int]) -> bytes:

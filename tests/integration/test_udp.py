@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -61,7 +62,12 @@ def artifact(tmp_path: Path) -> FilePieces:
     return FilePieces.open(path, PIECE)
 
 
-async def fetch_from(server: UdpServer, pieces: list[int], sink: Sink, **kw: object) -> FetchStats:
+async def fetch_from(
+    server: UdpServer,
+    pieces: list[int] | concurrent.futures.Future[list[int]],
+    sink: Sink,
+    **kw: object,
+) -> FetchStats:
     """``fetch_pieces`` of this module's artifact from ``server`` on loopback."""
     return await fetch_pieces(
         "127.0.0.1",
@@ -109,6 +115,33 @@ def test_loopback_fetch_is_exact_and_rerequests_a_bad_piece(artifact: FilePieces
             assert stats.forged == 0 and server.forged_datagrams == 0
             assert server.bytes_sent >= artifact.total_size
             assert server.sessions_total == 1
+
+    asyncio.run(main())
+
+
+def test_a_session_opened_before_its_pieces_are_dealt(artifact: FilePieces) -> None:
+    """It connects and authenticates while the caller deals; the pieces it is then given
+    come as from any session, its time counted from the request. Dealt nothing, it ends
+    without asking for anything."""
+
+    async def main() -> None:
+        async with serve(artifact) as server:
+            dealt: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+            sink = Sink(artifact)
+            fetching = asyncio.ensure_future(fetch_from(server, dealt, sink, timeout=30))
+            await asyncio.sleep(0.3)
+            assert not fetching.done() and server.bytes_sent == 0
+            dealt.set_result([3, 1, 2])
+            stats = await fetching
+            assert sorted(stats.kept) == [1, 2, 3] and sorted(sink.kept) == [1, 2, 3]
+            assert stats.seconds < 0.3 + 5  # from the request, not from the connect
+            idle: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+            fetching = asyncio.ensure_future(fetch_from(server, idle, Sink(artifact), timeout=30))
+            await asyncio.sleep(0.2)
+            idle.set_result([])
+            stats = await fetching
+            assert stats.kept == [] and stats.bytes == 0
+            assert server.sessions_total == 2
 
     asyncio.run(main())
 

@@ -546,6 +546,40 @@ def test_a_probe_sent_with_auth_validates_the_path_on_accept() -> None:
     assert client.state is p.ClientState.RECEIVING
 
 
+def test_a_session_asked_its_pieces_after_the_handshake_gets_data_a_round_trip_later() -> None:
+    """Made without pieces, the client authenticates and probes its UDP path, then waits;
+    the request it sends when told its pieces is accepted on a path already proven."""
+    server = p.ServerSession(p.FleetKey(SECRET), b"s" * 32, CLIENT_IP[0], 10**9)
+    client = p.ClientSession(p.FleetKey(SECRET), b"c" * 32, HASH_HEX, None, 10**8, 1024, 4096, 2)
+    server.receive_control(client.data_to_send(), 0.0)  # HELLO
+    client.receive_control(server.data_to_send(), 0.0)  # CHALLENGE
+    assert client.state is p.ClientState.AWAIT_PIECES
+    (probe,) = client.handle_timer(0.01)
+    server.receive_control(client.data_to_send(), 0.01)  # AUTH alone
+    assert server.state is p.ServerState.AWAIT_REQUEST
+    assert server.receive_datagram(probe, CLIENT_IP)
+    with pytest.raises(p.LocalProtocolError):
+        client.request([])
+    client.request([1, 0])
+    server.receive_control(client.data_to_send(), 0.2)  # REQUEST
+    server.events()
+    server.accept(4096, 8000, [1, 0], [], 10**8, 1024)
+    assert server.data_addr == CLIENT_IP and server.state is p.ServerState.SENDING
+    client.receive_control(server.data_to_send(), 0.3)  # ACCEPT, PATH_OK
+    assert client.state is p.ClientState.RECEIVING and client.plan is not None
+    assert client.plan.pieces == [1, 0]
+    with pytest.raises(p.LocalProtocolError):
+        client.request([1])  # once only
+
+
+def test_a_session_never_asked_its_pieces_ends_quietly() -> None:
+    client = p.ClientSession(p.FleetKey(SECRET), b"c" * 32, HASH_HEX, None, 10**8, 1024, 4096, 2)
+    client.data_to_send()
+    client.cancel()
+    assert client.done and client.data_to_send() == b""
+    assert any(isinstance(event, p.TransferDone) for event in client.events())
+
+
 def test_forged_data_datagrams_are_dropped_and_counted() -> None:
     server, client = accepted_pair()
     piece0 = random.Random(3).randbytes(4096)
