@@ -4,8 +4,9 @@ Where a node's TCP sources are far away (another region: 100 ms of RTT and a fra
 a percent of loss hold one CUBIC flow to a few Mbit/s), a holder's UDP server (every
 daemon with the fleet secret runs one, :mod:`swarm.udp`) carries the pieces at link
 rate. Nothing tells a node that it is far: it measures (:mod:`.rtt`). What to pull from
-whom, and when, is :mod:`.udpchoice`'s (pure); this module moves the bytes, a thread per
-session. The holder's UDP port is taken to be this node's own (a fleet-wide setting,
+whom, and when, is :mod:`.udpchoice`'s (pure); this module runs the loop that decides,
+and :mod:`.udplane` each session (a thread that moves the bytes, one that judges them).
+The holder's UDP port is taken to be this node's own (a fleet-wide setting,
 ``--udp-port``).
 """
 
@@ -16,10 +17,7 @@ import hashlib
 import ipaddress
 import logging
 import math
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -40,7 +38,6 @@ from swarm.agent.udpchoice import (
     MAX_LANES,
     NEAR_RTT,
     REGION_WAIT,
-    TAIL_SHARE,
     Holder,
     OwnerProgress,
     RateWindow,
@@ -56,9 +53,9 @@ from swarm.agent.udpchoice import (
     udp_wanted,
     with_seeders,
 )
-from swarm.agent.udpsource import SOURCE, pull_pieces
+from swarm.agent.udplane import Lane
 from swarm.sources.peers import TorrentSession
-from swarm.udp import DEFAULT_RATE_BPS, FetchStats, UdpAuthError, UdpError
+from swarm.udp import DEFAULT_RATE_BPS
 from swarm.udp.client import CONNECT_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -165,16 +162,6 @@ class RegionHeld:
         return bool(missing) and self.pieces.issuperset(missing)
 
 
-def tcp_rate_from(handle: Any, ip: str) -> float:
-    """Bytes/s libtorrent receives from the holder at ``ip`` (every connection to it): the
-    rate a UDP session from that holder competes with. Not S3's nor other holders': those
-    are other paths, and what they bring adds to a session's instead of replacing it (at a
-    quarter of far-region's rates, S3's eight flows across the WAN made 2-3 MB/s, twice a
-    session's share of a seeder's uplink; sessions judged against them stopped, their
-    holders waited 5-10 s, and UDP carried 16-20% of the bytes against 30-34%)."""
-    return float(sum(p.payload_down_speed for p in handle.get_peer_info() if p.ip[0] == ip))
-
-
 def _node_hash(node_id: str, ip: str) -> int:
     return int.from_bytes(hashlib.sha1(f"{node_id} {ip}".encode()).digest()[:4], "big")
 
@@ -202,7 +189,7 @@ def auto_udp(
     :data:`MAX_LANES` far holders at once. Returns when the artifact is complete or
     cancelled, or at once when S3 is near (:func:`.udpchoice.udp_wanted`)."""
     manifest, sink = artifact.manifest, artifact.sink
-    lanes: list[_Lane] = []
+    lanes: list[Lane] = []
     scoped = contextlib.ExitStack()  # while this runs: far-fetch settings, S3 left to UDP
     try:
         handle = session.torrents[manifest.info_hash].handle
@@ -238,17 +225,17 @@ def auto_udp(
             penalties.add(ip, math.inf)
             near_ips.add(ip)
 
-        def open_lane(ip: str, rtt: float, pieces: list[int] | None, ask: int) -> _Lane:
+        def open_lane(ip: str, rtt: float, pieces: list[int] | None, ask: int) -> Lane:
             # a seeder never connected to gets the connect timeout a timing connect had:
             # one the store named that has since died holds no lane for 10 s
             timeout = UNPROBED_CONNECT_TIMEOUT if ip in unprobed else CONNECT_TIMEOUT
             unprobed.discard(ip)
-            return _Lane(
+            return Lane(
                 artifact, ip, port, secret, pieces, handle, choice, rtt, ask,
                 connect_timeout=timeout, skip=region_held,
             )  # fmt: skip
 
-        def reap(lane: _Lane) -> None:
+        def reap(lane: Lane) -> None:
             if not lane.dealt:  # opened ahead and never dealt: says nothing of the path
                 if lane.error is not None:
                     lane.log_outcome()
@@ -467,155 +454,3 @@ def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:
     region (no UDP wanted: :func:`~swarm.agent.udpchoice.udp_wanted`), else None."""
     least = least_round_trip(rtts, s3_addresses)
     return least if least is not None and not udp_wanted(least) else None
-
-
-class _Lane:
-    """One UDP session with one holder, in a thread of its own that also watches it: it
-    stops when it loses to TCP from the same holder (:meth:`UdpChoice.keep` against
-    :func:`tcp_rate_from`: the path got better) or the artifact is cancelled. Its rate,
-    judged, logged and sizing the next session, is what it brought that was new (a piece
-    another source brought first is not counted)."""
-
-    def __init__(
-        self,
-        artifact: Artifact,
-        ip: str,
-        port: int,
-        secret: bytes,
-        pieces: list[int] | None,
-        handle: Any,
-        choice: UdpChoice,
-        rtt: float,
-        rate_bps: int,
-        connect_timeout: float = CONNECT_TIMEOUT,
-        skip: Callable[[int], bool] | None = None,
-    ) -> None:
-        self.artifact, self.ip, self.port, self.secret = artifact, ip, port, secret
-        self.connect_timeout = connect_timeout
-        self.skip = skip
-        """Pieces to leave to another source (:class:`RegionHeld`)."""
-        self.rate_bps = rate_bps
-        self.rtt = rtt
-        self.pieces: list[int] = pieces or []
-        self.dealt = pieces is not None
-        """False while the session is opened ahead of its pieces (:meth:`deal`)."""
-        self._dealing: Future[Sequence[int]] | None = None if self.dealt else Future()
-        self.opened = time.monotonic()
-        self.handle = handle
-        self.choice = choice
-        self.stop = threading.Event()
-        self.error: Exception | None = None
-        self.stats: FetchStats | None = None
-        self.new_bytes = 0
-        self.rate = 0.0
-        self.tcp_rate = 0.0
-        self.paid = False
-        self._started = time.monotonic()
-        self._fetcher = threading.Thread(target=self._fetch, name="udp-auto-fetch", daemon=True)
-        self._watcher = threading.Thread(target=self._watch, name="udp-auto-watch", daemon=True)
-        self._fetcher.start()
-        self._watcher.start()
-
-    @property
-    def running(self) -> bool:
-        return self._watcher.is_alive()
-
-    def deal(self, pieces: list[int]) -> bool:
-        """Give a session opened ahead its pieces; False if it has ended meanwhile."""
-        dealing = self._dealing
-        if dealing is None or not self.running:
-            return False
-        self.pieces, self.dealt, self._started = pieces, True, time.monotonic()
-        with contextlib.suppress(InvalidStateError):  # cancelled as it ended
-            dealing.set_result(pieces)
-            return True
-        return False
-
-    def abandon(self) -> None:
-        """End a session opened ahead that is dealt nothing."""
-        if self._dealing is not None and not self.dealt:
-            with contextlib.suppress(InvalidStateError):
-                self._dealing.set_result([])
-
-    def delivered_bps(self) -> float | None:
-        """What the path delivered to this session (bit/s): every payload byte received
-        once it ended, the new bytes while it runs; None over its first half second."""
-        seconds = time.monotonic() - self._started
-        if self.stats is not None and self.stats.seconds >= 0.5:
-            return self.stats.bytes * 8 / self.stats.seconds
-        return self.new_bytes * 8 / seconds if seconds >= 0.5 else None
-
-    def join(self) -> None:
-        self._watcher.join()
-
-    def _offer(self, index: int, data: bytes | memoryview) -> bool:
-        sink = self.artifact.sink
-        new = not sink.have(index)
-        kept = sink.offer(index, data, SOURCE)
-        if kept and new:
-            self.new_bytes += len(data)
-        return kept
-
-    def _fetch(self) -> None:
-        try:
-            self.stats = pull_pieces(
-                self.artifact, self.ip, self.port, self.secret, self._dealing or self.pieces,
-                self.stop,
-                offer=self._offer, rate_bps=self.rate_bps, connect_timeout=self.connect_timeout,
-                skip=self.skip,
-            )  # fmt: skip
-        except (UdpError, UdpAuthError) as error:  # UdpAuthError: a fleet misconfigured
-            self.error = error
-
-    def _watch(self) -> None:
-        window = RateWindow()  # this session's new bytes/s
-        window.add(self._started, 0)
-        lost = False
-        while self._fetcher.is_alive():
-            self._fetcher.join(0.25)
-            if self.artifact.cancel.is_set():
-                self.stop.set()
-                continue
-            now = time.monotonic()
-            rates = window.add(now, self.new_bytes)
-            self.tcp_rate = tcp_rate_from(self.handle, self.ip)
-            if not self.dealt:
-                window = RateWindow()  # judged from its pieces' request on
-                window.add(now, 0)
-                continue
-            if rates is None or self.stop.is_set() or self.in_tail():
-                continue
-            if not self.choice.keep(now - self._started, rates[0], self.tcp_rate, self.rtt):
-                lost = True
-                self.stop.set()
-        self.rate = self.new_bytes / max(time.monotonic() - self._started, 1e-3)
-        self.paid = not lost and self.error is None
-
-    def in_tail(self) -> bool:
-        """Whether most of this lane's pieces are in: the rest are NAKed blocks coming a
-        round trip at a time, a rate that says nothing of the path (sessions judged then
-        were stopped as losing, and their holder waited out a backoff)."""
-        if not self.dealt:
-            return False
-        have, skip = self.artifact.sink.have, self.skip
-        done = sum(1 for i in self.pieces if have(i) or (skip is not None and skip(i)))
-        return done >= TAIL_SHARE * len(self.pieces)
-
-    def log_outcome(self) -> None:
-        if self.error is not None:
-            log.info("udp from %s:%d failed: %s", self.ip, self.port, self.error)
-            return
-        if self.paid:
-            log.info("udp from %s: %d pieces at %.1f MB/s", self.ip, len(self.pieces),
-                     self.rate / 1e6)  # fmt: skip
-        else:
-            log.info("udp from %s off: %.1f MB/s against TCP's %.1f MB/s from it", self.ip,
-                     self.rate / 1e6, self.tcp_rate / 1e6)  # fmt: skip
-        st = self.stats
-        if st is not None:
-            log.info(
-                "udp session: %.2fs, asked %.0f Mbit/s, sender %.0f Mbit/s, srtt %s, "
-                "min rtt %s, naks %d, dup %d, skipped %d, block %d",
-                st.seconds, self.rate_bps / 1e6, st.sender_rate_bps / 1e6, st.srtt,
-                st.min_rtt, st.naks, st.duplicates, st.skipped, st.block_size,
-            )  # fmt: skip

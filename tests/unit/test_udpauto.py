@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from swarm.agent import rtt as rtt_module
-from swarm.agent import udpauto
+from swarm.agent import udpauto, udplane
 from swarm.agent.rtt import connect_rtt, endpoint_round_trip, handshake_rtt, kernel_min_rtts
 from swarm.agent.udpauto import s3_near_now
 from swarm.agent.udpchoice import (
@@ -160,8 +160,8 @@ def test_a_session_competes_with_tcp_from_its_own_holder() -> None:
     connection to the holder counts."""
     handle = _Handle([_Peer("10.0.0.2", 20_000_000), _Peer("10.0.0.3", 1_000_000),
                       _Peer("10.0.0.3", 500_000)])  # fmt: skip
-    assert udpauto.tcp_rate_from(handle, "10.0.0.3") == 1_500_000
-    assert udpauto.tcp_rate_from(handle, "10.0.0.9") == 0.0
+    assert udplane.tcp_rate_from(handle, "10.0.0.3") == 1_500_000
+    assert udplane.tcp_rate_from(handle, "10.0.0.9") == 0.0
 
 
 @pytest.mark.parametrize(
