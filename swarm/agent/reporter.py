@@ -11,6 +11,8 @@ import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from swarm.netconnect import race_connect
+
 if TYPE_CHECKING:
     from swarm.agent.daemon import Daemon
 
@@ -86,6 +88,8 @@ class ReportPoster:
                 )
             else:
                 conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+            # a far node's first report (its first plan) is not held up by a lost SYN
+            conn._create_connection = race_connect  # type: ignore[attr-defined]
             self._conns[parts.netloc] = conn
         return conn
 

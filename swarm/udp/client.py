@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.errors import AccessDeniedError, SwarmError
+from swarm.netconnect import race_connect
 from swarm.udp import protocol as p
 from swarm.udp.datapath import RECV_BUDGET, DataSocket, route_mtu
 
@@ -384,7 +385,10 @@ async def _run(
     dealt: concurrent.futures.Future[Sequence[int]] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), connect_timeout)
+    # two SYNs at once (swarm.netconnect): a session's start is not held a second by one lost
+    sock = await loop.run_in_executor(None, race_connect, (host, port), connect_timeout)
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
     fetch.writer = writer
     server_ip = writer.get_extra_info("peername")[0]
     family = writer.get_extra_info("socket").family

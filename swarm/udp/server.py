@@ -63,6 +63,7 @@ class _Conn:
         self.server = server
         self.reader = reader
         self.writer = writer
+        self.spoke = False  # any control bytes yet (sessions_total counts those)
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}"
         self.family = writer.get_extra_info("socket").family
@@ -177,6 +178,11 @@ class _Conn:
                 return
             if not data:
                 return
+            if not self.spoke:
+                # a session from its first bytes: a connect raced by the client (two
+                # SYNs, swarm.netconnect) whose other won closes before it says anything
+                self.spoke = True
+                self.server.sessions_total += 1
             try:
                 self.session.receive_control(data, loop.time())
             except p.AuthenticationError as error:
@@ -391,7 +397,6 @@ class UdpServer:
         self._tasks.add(task)  # type: ignore[arg-type]
         conn = _Conn(self, reader, writer)
         self._conns.add(conn)
-        self.sessions_total += 1
         try:
             await conn.run()
         except asyncio.CancelledError:

@@ -13,6 +13,7 @@ import pytest
 
 from swarm.agent import reporter
 from swarm.agent.reporter import report_loop
+from swarm.netconnect import DUPLICATE_SYNS
 
 
 class _Daemon:
@@ -142,7 +143,8 @@ def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open(
 
     try:
         started = asyncio.run(run(0.3))
-        assert len(connected) == 1 and connected[0] - started < 0.3  # open before the fetch
+        # open before the fetch (two SYNs raced: swarm.netconnect; the loser closes unused)
+        assert 1 <= len(connected) <= DUPLICATE_SYNS and connected[0] - started < 0.3
         assert 0.3 <= posted[0][0] - started < hold
         posted.clear()
         started = asyncio.run(run(None))
