@@ -3,10 +3,14 @@
 Layout: one small JSON object per name at ``{SWARM_CATALOG}{name}.json``::
 
     {"name": "index.db", "url": "s3://bucket/builds/index.db", "size": 1234,
-     "sha256": "...", "published_at": "2026-11-21T09:00:00Z"}
+     "sha256": "...", "published_at": "2026-11-21T09:00:00Z", "manifest": "{...}"}
 
 One object per name (not one shared index) so that concurrent publishes of different
-artifacts never race on a read-modify-write, and a reader needs one GET.
+artifacts never race on a read-modify-write, and a reader needs one GET. ``manifest``
+is the text of ``url``'s manifest object (signed as that one is), when it is at most
+:data:`MAX_INLINE_MANIFEST` long: a fetch by name then reads one object, not two (one
+WAN round trip of a far node's start); entries without it, or a fetch by URL, read the
+manifest object.
 
 Writers (publish) pass a botocore client; readers (a node) a :class:`~swarm.s3http.S3Client`,
 so that a node never imports botocore.
@@ -23,6 +27,10 @@ from swarm.manifest import Manifest, check_name, manifest_key
 from swarm.s3http import S3Client, S3Error, S3ResponseError, S3Url, raise_for
 
 ENTRY_SUFFIX = ".json"
+
+MAX_INLINE_MANIFEST = 256 << 10
+"""Manifest bytes copied into a catalog entry (about 4,000 pieces' hashes); a larger
+manifest is read from its own object."""
 
 
 def entry_url(catalog: str, name: str) -> S3Url:
@@ -43,8 +51,9 @@ def check_writable(client: Any, catalog: str | None) -> None:
         objectstore.raise_for(error, prefix, "write")
 
 
-def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
-    """Write (or replace) the catalog entry for ``manifest.name``."""
+def record(client: Any, catalog: str, manifest: Manifest, text: bytes | None = None) -> S3Url:
+    """Write (or replace) the catalog entry for ``manifest.name``, with ``text`` (the
+    manifest object's bytes) inline if short enough."""
     from swarm import objectstore
 
     url = entry_url(catalog, manifest.name)
@@ -55,6 +64,8 @@ def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
         "sha256": manifest.sha256,
         "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if text is not None and len(text) <= MAX_INLINE_MANIFEST:
+        entry["manifest"] = text.decode()
     try:
         client.put_object(
             Bucket=url.bucket,
@@ -67,8 +78,9 @@ def record(client: Any, catalog: str, manifest: Manifest) -> S3Url:
     return url
 
 
-def resolve(client: S3Client, source: str, catalog: str | None) -> S3Url:
-    """``s3://BUCKET/KEY`` as is; a bare NAME through the catalog."""
+def lookup(client: S3Client, source: str, catalog: str | None) -> tuple[S3Url, bytes | None]:
+    """``s3://BUCKET/KEY`` as is; a bare NAME through the catalog, with its manifest's
+    bytes when the catalog entry holds them."""
     if source.startswith("s3://"):
         url = S3Url.parse(source)
         if not url.key or url.key == "/":
@@ -76,7 +88,7 @@ def resolve(client: S3Client, source: str, catalog: str | None) -> S3Url:
                 f"swarm: {source} names no object: use s3://BUCKET/KEY (the published file) "
                 "or s3://BUCKET/PREFIX/ (a published directory)"
             )
-        return url
+        return url, None
     if not catalog:
         raise UsageError(
             f"swarm: {source!r} is a name, but no catalog is configured: set SWARM_CATALOG "
@@ -95,27 +107,44 @@ def resolve(client: S3Client, source: str, catalog: str | None) -> S3Url:
     except S3Error as error:
         raise_for(error, url)
     try:
-        return S3Url.parse(json.loads(body)["url"])
-    except (ValueError, KeyError, TypeError, UsageError) as error:
+        entry = json.loads(body)
+        inline = entry.get("manifest")
+        return S3Url.parse(entry["url"]), inline.encode() if isinstance(inline, str) else None
+    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as error:
         raise NotFoundError(
             f"swarm: catalog entry {url} is unreadable ({error}): republish {source!r}"
         ) from error
 
 
-def load_manifest(client: S3Client, url: S3Url, secret: str | None = None) -> Manifest:
-    """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``)."""
-    return read_manifest(client, url, secret)[0]
+def manifest_for(
+    client: S3Client, source: str, catalog: str | None, secret: str | None = None
+) -> Manifest:
+    """The checked manifest of ``source`` (a URL or a catalog name): :func:`lookup`, then
+    :func:`load_manifest`."""
+    url, inline = lookup(client, source, catalog)
+    return load_manifest(client, url, secret, inline)
+
+
+def load_manifest(
+    client: S3Client, url: S3Url, secret: str | None = None, inline: bytes | None = None
+) -> Manifest:
+    """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``), or
+    ``inline``, its bytes as the catalog entry holds them (:func:`lookup`)."""
+    return read_manifest(client, url, secret, inline)[0]
 
 
 def read_manifest(
-    client: S3Client, url: S3Url, secret: str | None = None
+    client: S3Client, url: S3Url, secret: str | None = None, inline: bytes | None = None
 ) -> tuple[Manifest, bytes]:
     """:func:`load_manifest`, and the bytes it was read from."""
     target = S3Url(url.bucket, manifest_key(url.key))
-    try:
-        data = _read(client, target)
-    except S3Error as error:
-        raise_for(error, target)
+    if inline is not None:
+        data = inline
+    else:
+        try:
+            data = _read(client, target)
+        except S3Error as error:
+            raise_for(error, target)
     manifest = Manifest.loads(data, secret, origin=str(target))
     if url.key.endswith("/") and not manifest.is_tree:
         raise NotFoundError(

@@ -99,8 +99,9 @@ def _record(
     client: Any, manifest: Manifest, secret: str | None, name: str | None, catalog_url: str | None
 ) -> None:
     """The manifest and torrent beside the data, then the catalog entry (in that order)."""
+    text = manifest.dumps(secret)
     for key, body in (
-        (manifest_key(manifest.key), manifest.dumps(secret)),
+        (manifest_key(manifest.key), text),
         (torrent_key(manifest.key), manifest.torrent),
     ):
         target = S3Url(manifest.bucket, key)
@@ -109,7 +110,7 @@ def _record(
         except S3_ERRORS as error:
             raise_for(error, target, "write")
     if name and catalog_url:
-        catalog.record(client, catalog_url, manifest)
+        catalog.record(client, catalog_url, manifest, text)
 
 
 def _upload(client: Any, path: Path, dest: S3Url, on_bytes: Callable[[int], None] | None) -> None:

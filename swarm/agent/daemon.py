@@ -307,8 +307,10 @@ class Daemon:
             )
             log.info("%s: manifest as swarm fetch read it while this daemon started", manifest.name)
         else:
-            url = catalog.resolve(client, request.source, request.catalog or self.settings.catalog)
-            manifest = catalog.load_manifest(client, url, self.settings.secret)
+            manifest = catalog.manifest_for(
+                client, request.source, request.catalog or self.settings.catalog,
+                self.settings.secret,
+            )  # fmt: skip
         if request.dest:
             treefs.check_dest_kind(manifest, Path(request.dest))
         dest = Path(request.dest) if request.dest and not request.copy else None

@@ -141,7 +141,7 @@ def fetch_in_process(
     manifest = within_deadline(
         deadline,
         started,
-        lambda: catalog.load_manifest(client, catalog.resolve(client, source, catalog_url), secret),
+        lambda: catalog.manifest_for(client, source, catalog_url, secret),
     )
     lock = DestLock(
         dest, {"pid": os.getpid(), "name": manifest.name, "info_hash": manifest.info_hash}

@@ -76,6 +76,11 @@ def test_publish_writes_object_manifest_torrent_and_catalog(env, bucket, tmp_pat
     assert s3.get_object(Bucket=bucket, Key="b/index.db")["Body"].read() == src.read_bytes()
     entry = json.loads(s3.get_object(Bucket=bucket, Key="artifacts/index.db.json")["Body"].read())
     assert entry["url"] == f"s3://{bucket}/b/index.db"
+    # the manifest's own bytes, so that a fetch by name reads one object
+    assert (
+        entry["manifest"].encode()
+        == s3.get_object(Bucket=bucket, Key="b/index.db.swarm")["Body"].read()
+    )
 
     dest = tmp_path / "out" / "index.db"
     dest.parent.mkdir()
@@ -86,6 +91,45 @@ def test_publish_writes_object_manifest_torrent_and_catalog(env, bucket, tmp_pat
     assert sha256(dest) == manifest.sha256
     done = events(out)[-1]
     assert done["event"] == "done" and done["bytes_by_source"] == {"s3": manifest.size}
+
+
+def test_a_fetch_by_name_reads_the_manifest_the_catalog_entry_holds(env, bucket, tmp_path):
+    """One GET for the entry and its manifest; an entry written before manifests were
+    inlined (or for one too large) sends the fetch to the manifest object; a manifest
+    edited in the entry fails its checks like one edited in its object."""
+    from swarm import catalog
+    from swarm.s3http import S3Client
+
+    src = make_artifact(tmp_path / "index.db", 2 * MiB + 7)
+    cat = f"s3://{bucket}/artifacts/"
+    code, _out, err = run(
+        "publish", str(src), f"s3://{bucket}/b/index.db", "--name", "index.db", "--catalog", cat
+    )
+    assert code == 0, err
+    s3 = boto3.client("s3")
+    key = "artifacts/index.db.json"
+    entry = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    client = S3Client(os.environ.get("AWS_ENDPOINT_URL"))
+    url, inline = catalog.lookup(client, "index.db", cat)
+    assert url.key == "b/index.db" and inline == entry["manifest"].encode()
+    assert catalog.manifest_for(client, "index.db", cat).sha256 == sha256(src)
+    # an older entry: no manifest in it
+    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps({"url": entry["url"]}).encode())
+    assert catalog.lookup(client, "index.db", cat)[1] is None
+    assert catalog.manifest_for(client, "index.db", cat).sha256 == sha256(src)
+    dest = tmp_path / "old-entry.bin"
+    code, _out, err = run("fetch", "index.db", str(dest), "--no-daemon", "--catalog", cat)
+    assert code == 0, err
+    assert sha256(dest) == sha256(src)
+    # an entry whose manifest was edited: refused, nothing written
+    edited = json.loads(entry["manifest"])
+    edited["size"] += 1
+    entry["manifest"] = json.dumps(edited)
+    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(entry).encode())
+    dest = tmp_path / "edited.bin"
+    code, _out, err = run("fetch", "index.db", str(dest), "--no-daemon", "--catalog", cat)
+    assert code != 0 and not dest.exists()
+    client.close()
 
 
 def test_fetch_subprocess_json_events_and_rerun_is_noop(env, bucket, tmp_path):
