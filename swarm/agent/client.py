@@ -5,6 +5,7 @@ The daemon's API is HTTP over ``$SWARM_HOME/daemon.sock`` (mode 0600: only this 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.client
 import json
@@ -146,7 +147,7 @@ class DaemonClient:
             return False
 
 
-def fork_daemon(home: Path, args: list[str]) -> int:
+def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> int:
     """Start ``swarm ARGS`` (the daemon) for ``home`` in a child of this process, in a
     session of its own, its output appended to ``daemon.log``; returns its pid.
 
@@ -155,7 +156,10 @@ def fork_daemon(home: Path, args: list[str]) -> int:
     of a node's start; six nodes starting at once share two cores in the s3-fast bench,
     so each one's first byte waits for all of them). A fork carries only the calling
     thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
-    loops, libtorrent's session); tests/integration/test_s3http.py holds it to that."""
+    loops, libtorrent's session); tests/integration/test_s3http.py holds it to that.
+    ``coordinator`` (the ``--coordinator`` given, else the environment's or the config
+    file's): the child opens its connection to the first one at once
+    (:func:`swarm.agent.reporter.preconnect`)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -172,6 +176,13 @@ def fork_daemon(home: Path, args: list[str]) -> int:
         os.close(null)
         os.close(out)
         os.environ["SWARM_HOME"] = str(home)
+        from swarm import config
+        from swarm.agent import reporter
+
+        with contextlib.suppress(Exception):  # a bad setting: the daemon says what is wrong
+            urls = config.coordinator_urls(config.load(coordinator=coordinator).coordinator)
+            if urls:
+                reporter.preconnect(urls[0])
         import setproctitle
 
         # `ps` shows what runs, not the `swarm fetch` it was forked from
@@ -302,7 +313,7 @@ def ensure_daemon(
         args += ["--coordinator", coordinator]
     if peers_from_asg:
         args += ["--peers-from-asg", peers_from_asg]
-    pid = fork_daemon(home, args)
+    pid = fork_daemon(home, args, coordinator)
     if while_starting is not None:
         while_starting()
     deadline = time.monotonic() + DAEMON_START_TIMEOUT

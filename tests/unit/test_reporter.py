@@ -152,3 +152,39 @@ def test_the_first_report_waits_for_a_fetch_on_a_connection_already_open(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_first_report_takes_the_connection_opened_as_the_daemon_started() -> None:
+    """``preconnect`` (called first thing in the process ``swarm fetch`` forks) opens the
+    coordinator's connection; the reporter's ``open`` takes it and posts on it."""
+    peers: list[tuple[str, int]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            peers.append(self.client_address)
+            _reply(self, {"interval": 30})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        reporter.preconnect(url)
+        opened = reporter._PRECONNECTED[f"127.0.0.1:{server.server_address[1]}"].result(5)
+        poster = reporter.ReportPoster({})
+        assert poster.open(f"{url}/v1/report")
+        assert reporter._PRECONNECTED == {}  # taken once
+        status, reply = poster.post(f"{url}/v1/report", {"node": "n"})
+        assert status == 200 and reply == {"interval": 30}
+        assert peers == [opened.getsockname()]  # on the connection opened ahead
+        poster.close()
+        reporter.preconnect("https://127.0.0.1:1")  # TLS: the reporter connects itself
+        assert reporter._PRECONNECTED == {}
+    finally:
+        server.shutdown()
+        server.server_close()
