@@ -157,8 +157,8 @@ def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> 
     so each one's first byte waits for all of them). A fork carries only the calling
     thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
     loops, libtorrent's session); tests/integration/test_s3http.py holds it to that.
-    ``coordinator`` (the ``--coordinator`` given, else the environment's or the config
-    file's): the child opens its connection to the first one at once
+    ``coordinator`` (the setting as ``swarm fetch`` resolved it): the child opens its
+    connection to the first one at once
     (:func:`swarm.agent.reporter.preconnect`)."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -180,7 +180,7 @@ def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> 
         from swarm.agent import reporter
 
         with contextlib.suppress(Exception):  # a bad setting: the daemon says what is wrong
-            urls = config.coordinator_urls(config.load(coordinator=coordinator).coordinator)
+            urls = config.coordinator_urls(coordinator)
             if urls:
                 reporter.preconnect(urls[0])
         import setproctitle

@@ -310,12 +310,14 @@ async def fetch_pieces(
         UdpError: the server is unreachable, broke the protocol, or data stopped flowing.
     """
     key = p.FleetKey(secret)
-    dealt = pieces if isinstance(pieces, concurrent.futures.Future) else None
+    dealt, requested = (
+        (pieces, None) if isinstance(pieces, concurrent.futures.Future) else (None, list(pieces))
+    )
     session = p.ClientSession(
         key,
         os.urandom(p.NONCE_LEN),
         info_hash_hex,
-        None if isinstance(pieces, concurrent.futures.Future) else list(pieces),
+        requested,
         rate_bps,
         _block_for_route(host, port, block_size),
         piece_size,
