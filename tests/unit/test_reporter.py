@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -182,6 +183,9 @@ def test_the_first_report_takes_the_connection_opened_as_the_daemon_started() ->
         status, reply = poster.post(f"{url}/v1/report", {"node": "n"})
         assert status == 200 and reply == {"interval": 30}
         assert peers == [opened.getsockname()]  # on the connection opened ahead
+        # and without Nagle, as http.client's own connect leaves its sockets: a request's
+        # headers and body are two writes, and the body would wait for an ACK
+        assert opened.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         poster.close()
         reporter.preconnect("https://127.0.0.1:1")  # TLS: the reporter connects itself
         assert reporter._PRECONNECTED == {}
