@@ -49,6 +49,7 @@ from swarm.agent.udpchoice import (
     owners_next,
     region_order,
     region_shares,
+    relief_pieces,
     share_lacking,
     udp_wanted,
     with_seeders,
@@ -219,6 +220,7 @@ def auto_udp(
         asks: dict[str, int] = {}  # holder -> bit/s its next session asks for
         unprobed: set[str] = set()  # named seeders never connected to yet
         region_held = RegionHeld()  # what running sessions skip
+        served: set[str] = set()  # holders whose dealt sessions ended (relieve)
 
         def set_near(ip: str, seconds: float, how: str) -> None:
             log.info("udp: %s is near (%s %.1f ms): TCP's", ip, how, seconds * 1e3)
@@ -247,6 +249,7 @@ def auto_udp(
                 penalties.add(lane.ip)  # unreachable, no UDP server, wrong secret
                 choice.failed(time.monotonic())
                 return
+            served.add(lane.ip)
             paid = lane.paid
             stats = lane.stats
             # A session that lost to TCP may have been slow for a passing reason; asking
@@ -272,6 +275,36 @@ def auto_udp(
             else:
                 choice.no_holder(now)  # none yet (libtorrent still connecting)
 
+        def relieve(busy: set[str]) -> bool:
+            """A far seeder whose session is done or in its tail takes the back half of a
+            running session's pieces from another seeder (RELIEF_MIN_PIECES); True if it
+            did."""
+            # free: a seeder whose dealt session is in its tail or over (not one whose
+            # session opened ahead still waits for its first deal)
+            waiting = {lane.ip for lane in lanes if not lane.dealt}
+            free = [
+                ip
+                for ip in served | {lane.ip for lane in lanes if lane.dealt and lane.in_tail()}
+                if ip in artifact.seeders and ip in far and ip not in busy and ip not in waiting
+                and not penalties.skip(ip)
+            ]  # fmt: skip
+            donors = [lane for lane in lanes if lane.ip in busy and lane.running]
+            for ip in free:
+                for donor in donors:
+                    if donor.ip == ip:
+                        continue
+                    pieces = relief_pieces(donor.remaining())
+                    if not pieces:
+                        continue
+                    donor.release(pieces)
+                    delivered = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == ip]
+                    ask = max((a for a in delivered if a), default=asks.get(ip, DEFAULT_RATE_BPS))
+                    log.info("udp: %d pieces from %s, asking %.0f Mbit/s, taken over from %s",
+                             len(pieces), ip, ask / 1e6, donor.ip)  # fmt: skip
+                    lanes.append(open_lane(ip, far[ip], pieces, ask))
+                    return True
+            return False
+
         window = RateWindow()  # TCP's bytes/s, near peers too: whether UDP is worth trying
 
         def tcp_bytes() -> int:
@@ -293,6 +326,8 @@ def auto_udp(
             for lane in lanes:
                 if not lane.dealt and time.monotonic() - lane.opened > OPENED_AHEAD_SECONDS:
                     lane.abandon()
+            if len(busy) < MAX_LANES and relieve(busy):
+                continue
             now = time.monotonic()
             rates = window.add(now, tcp_bytes())
             tcp_rate = rates[0] if rates else 0.0

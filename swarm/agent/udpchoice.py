@@ -124,6 +124,16 @@ same seeder by chance (three of four, half the time with two seeders) shared its
 while the other idled, and a session that got a third of it lost to TCP and waited 5 s;
 with a session on each, every seeder serves every far node."""
 
+RELIEF_MIN_PIECES: Final = 8
+"""A running session with at least this many pieces still to come gives the back half
+of them to a far seeder whose own session is done or in its tail (:func:`relief_pieces`;
+fewer are not worth a new session's connect, handshake and ramp, a few round trips). A
+node's two first sessions, one per seeder, are dealt equal halves of its share, but the
+seeders' uplinks are not equally loaded: far-region's sessions from one seeder took
+2.9-3.4 s, from the other 3.5-3.9 s, and the region's last pieces came over the second
+while the first seeder's uplink idled (the WAN carried 10-26 MB/s of its 50 for the last
+second of the sessions)."""
+
 HOLDER_PENALTY: Final = 30.0
 """Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""
 
@@ -435,3 +445,12 @@ class RateWindow:
         if now - then < 0.5:
             return None
         return tuple((c - b) / (now - then) for b, c in zip(before, counters, strict=True))
+
+
+def relief_pieces(remaining: Sequence[int], least: int = RELIEF_MIN_PIECES) -> list[int]:
+    """The pieces a running session gives a free far seeder: the back half of those it
+    still has to get (``remaining``, in its order: the last it would get), none while
+    fewer than ``least`` remain (a round trip's worth of blocks is in flight anyway)."""
+    if len(remaining) < least:
+        return []
+    return list(remaining[len(remaining) - len(remaining) // 2 :])

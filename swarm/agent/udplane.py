@@ -59,6 +59,8 @@ class Lane:
         self.connect_timeout = connect_timeout
         self.skip = skip
         """Pieces to leave to another source (:class:`RegionHeld`)."""
+        self.released: set[int] = set()
+        """Pieces given to another session (:meth:`release`): skipped like ``skip``'s."""
         self.rate_bps = rate_bps
         self.rtt = rtt
         self.pieces: list[int] = pieces or []
@@ -127,7 +129,7 @@ class Lane:
                 self.artifact, self.ip, self.port, self.secret, self._dealing or self.pieces,
                 self.stop,
                 offer=self._offer, rate_bps=self.rate_bps, connect_timeout=self.connect_timeout,
-                skip=self.skip,
+                skip=self._leaves,
             )  # fmt: skip
         except (UdpError, UdpAuthError) as error:  # UdpAuthError: a fleet misconfigured
             self.error = error
@@ -156,14 +158,28 @@ class Lane:
         self.rate = self.new_bytes / max(time.monotonic() - self._started, 1e-3)
         self.paid = not lost and self.error is None
 
+    def _leaves(self, index: int) -> bool:
+        """Whether the session leaves piece ``index`` to another source."""
+        return index in self.released or (self.skip is not None and self.skip(index))
+
+    def remaining(self) -> list[int]:
+        """The pieces this session has still to get, in its order (none while undealt)."""
+        have = self.artifact.sink.have
+        return [i for i in self.pieces if not have(i) and not self._leaves(i)]
+
+    def release(self, pieces: Sequence[int]) -> None:
+        """Give ``pieces`` to another session: the sender is told to skip them (blocks
+        already on their way still come)."""
+        self.released.update(pieces)
+
     def in_tail(self) -> bool:
         """Whether most of this lane's pieces are in: the rest are NAKed blocks coming a
         round trip at a time, a rate that says nothing of the path (sessions judged then
         were stopped as losing, and their holder waited out a backoff)."""
         if not self.dealt:
             return False
-        have, skip = self.artifact.sink.have, self.skip
-        done = sum(1 for i in self.pieces if have(i) or (skip is not None and skip(i)))
+        have = self.artifact.sink.have
+        done = sum(1 for i in self.pieces if have(i) or self._leaves(i))
         return done >= TAIL_SHARE * len(self.pieces)
 
     def log_outcome(self) -> None:
@@ -171,7 +187,8 @@ class Lane:
             log.info("udp from %s:%d failed: %s", self.ip, self.port, self.error)
             return
         if self.paid:
-            log.info("udp from %s: %d pieces at %.1f MB/s", self.ip, len(self.pieces),
+            given = f" ({len(self.released)} given to another session)" if self.released else ""
+            log.info("udp from %s: %d pieces%s at %.1f MB/s", self.ip, len(self.pieces), given,
                      self.rate / 1e6)  # fmt: skip
         else:
             log.info("udp from %s off: %.1f MB/s against TCP's %.1f MB/s from it", self.ip,

@@ -38,6 +38,7 @@ from swarm.agent.udpchoice import (
     owners_next,
     region_order,
     region_shares,
+    relief_pieces,
     s3_far,
     share_lacking,
     udp_wanted,
@@ -206,6 +207,16 @@ def test_a_few_pieces_left_are_split_between_the_holders_free_now() -> None:
     assert lane_part(list(range(14)), limit=16, lanes=1) == list(range(14))
     assert lane_part([3], limit=16, lanes=2) == [3]
     assert lane_part([], limit=16, lanes=2) == []
+
+
+def test_a_free_seeder_takes_the_back_half_of_a_running_sessions_pieces() -> None:
+    """The last pieces the running session would get (its order), half of them rounded
+    down; none while fewer than RELIEF_MIN_PIECES remain."""
+    assert relief_pieces([9, 3, 7, 1, 5, 0, 2, 4, 6]) == [0, 2, 4, 6]
+    assert relief_pieces([4, 8, 2, 6, 1, 3, 5, 7]) == [1, 3, 5, 7]
+    assert relief_pieces([4, 8, 2, 6, 1, 3, 5]) == []
+    assert relief_pieces([4, 8, 2], least=2) == [2]
+    assert relief_pieces([]) == []
 
 
 def test_a_region_deals_the_pieces_so_its_first_sessions_are_disjoint() -> None:
