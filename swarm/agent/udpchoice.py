@@ -132,7 +132,9 @@ node's two first sessions, one per seeder, are dealt equal halves of its share, 
 seeders' uplinks are not equally loaded: far-region's sessions from one seeder took
 2.9-3.4 s, from the other 3.5-3.9 s, and the region's last pieces came over the second
 while the first seeder's uplink idled (the WAN carried 10-26 MB/s of its 50 for the last
-second of the sessions)."""
+second of the sessions). Not fewer: at 4, reliefs of two or three pieces followed one
+another, each a new session that split its seeder's budget once more and started at
+half its share, and far-region took 9.65 s against 7.96 (13 pairs, faster in one)."""
 
 HOLDER_PENALTY: Final = 30.0
 """Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""
