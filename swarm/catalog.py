@@ -120,23 +120,17 @@ def manifest_for(
     client: S3Client, source: str, catalog: str | None, secret: str | None = None
 ) -> Manifest:
     """The checked manifest of ``source`` (a URL or a catalog name): :func:`lookup`, then
-    :func:`load_manifest`."""
+    :func:`read_manifest`."""
     url, inline = lookup(client, source, catalog)
-    return load_manifest(client, url, secret, inline)
-
-
-def load_manifest(
-    client: S3Client, url: S3Url, secret: str | None = None, inline: bytes | None = None
-) -> Manifest:
-    """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``), or
-    ``inline``, its bytes as the catalog entry holds them (:func:`lookup`)."""
     return read_manifest(client, url, secret, inline)[0]
 
 
 def read_manifest(
     client: S3Client, url: S3Url, secret: str | None = None, inline: bytes | None = None
 ) -> tuple[Manifest, bytes]:
-    """:func:`load_manifest`, and the bytes it was read from."""
+    """Read and check ``url.swarm`` (for a directory's ``PREFIX/``: ``PREFIX.swarm``), or
+    ``inline``, its bytes as the catalog entry holds them (:func:`lookup`); the manifest
+    and the bytes it was read from."""
     target = S3Url(url.bucket, manifest_key(url.key))
     if inline is not None:
         data = inline

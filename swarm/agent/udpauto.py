@@ -275,6 +275,14 @@ def auto_udp(
             else:
                 choice.no_holder(now)  # none yet (libtorrent still connecting)
 
+        def ask_of(ip: str) -> int:
+            """The rate a new session from ``ip`` asks for: a session from it still in
+            its tail tells the path's rate best, else its last one (:func:`next_ask`)."""
+            running = [
+                next_ask(lane.delivered_bps()) for lane in lanes if lane.dealt and lane.ip == ip
+            ]
+            return max((a for a in running if a), default=asks.get(ip, DEFAULT_RATE_BPS))
+
         def relieve(busy: set[str]) -> bool:
             """A far seeder whose session is done or in its tail takes the back half of a
             running session's pieces from another seeder (RELIEF_MIN_PIECES); True if it
@@ -297,8 +305,7 @@ def auto_udp(
                     if not pieces:
                         continue
                     donor.release(pieces)
-                    delivered = [next_ask(lane.delivered_bps()) for lane in lanes if lane.ip == ip]
-                    ask = max((a for a in delivered if a), default=asks.get(ip, DEFAULT_RATE_BPS))
+                    ask = ask_of(ip)
                     log.info("udp: %d pieces from %s, asking %.0f Mbit/s, taken over from %s",
                              len(pieces), ip, ask / 1e6, donor.ip)  # fmt: skip
                     lanes.append(open_lane(ip, far[ip], pieces, ask))
@@ -459,13 +466,7 @@ def auto_udp(
                 log.info("udp: %d pieces from %s, opened ahead, dealt among %d near",
                          len(pieces), holder.ip, len(region))  # fmt: skip
                 continue
-            # a session from this holder still in its tail tells the path's rate best
-            running = [
-                next_ask(lane.delivered_bps())
-                for lane in lanes
-                if lane.dealt and lane.ip == holder.ip
-            ]
-            ask = max((a for a in running if a), default=asks.get(holder.ip, DEFAULT_RATE_BPS))
+            ask = ask_of(holder.ip)
             log.info("udp: %d pieces from %s, asking %.0f Mbit/s, dealt among %d near",
                      len(pieces), holder.ip, ask / 1e6, len(region))  # fmt: skip
             lanes.append(open_lane(holder.ip, rtt, pieces, ask))

@@ -452,7 +452,7 @@ class RateWindow:
 def relief_pieces(remaining: Sequence[int], least: int = RELIEF_MIN_PIECES) -> list[int]:
     """The pieces a running session gives a free far seeder: the back half of those it
     still has to get (``remaining``, in its order: the last it would get), none while
-    fewer than ``least`` remain (a round trip's worth of blocks is in flight anyway)."""
+    fewer than ``least`` remain (see :data:`RELIEF_MIN_PIECES`)."""
     if len(remaining) < least:
         return []
     return list(remaining[len(remaining) - len(remaining) // 2 :])

@@ -129,6 +129,8 @@ def test_a_fetch_by_name_reads_the_manifest_the_catalog_entry_holds(env, bucket,
     dest = tmp_path / "edited.bin"
     code, _out, err = run("fetch", "index.db", str(dest), "--no-daemon", "--catalog", cat)
     assert code != 0 and not dest.exists()
+    # refused by the manifest's own checks, naming it, as an edited manifest object is
+    assert "index.db.swarm is inconsistent" in err and "republish" in err
     client.close()
 
 
