@@ -91,6 +91,11 @@ def writing_directly(artifact: Artifact, state: TorrentState) -> DirectSink | No
     if artifact.direct is None:
         status = state.status
         if status is None or status.state in CHECKING:
+            # Asked now rather than waiting for the alert loop's statuses: the first one
+            # after the torrent was added often left it out, and the next came
+            # STATUS_INTERVAL later (s3-fast: a lone node in three waited 0.5 s here).
+            status = state.handle.status()
+        if status.state in CHECKING:
             return None
         artifact.direct = DirectSink(artifact.sink, artifact.data_path)
     return artifact.direct

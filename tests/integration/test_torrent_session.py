@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from swarm.agent.hybrid import TorrentSink
+from swarm.agent.origin import CHECKING, writing_directly
+from swarm.agent.registry import Artifact
 from swarm.manifest import Manifest
 from swarm.sources.peers import TorrentSession
 from tests.conftest import make_artifact
@@ -120,3 +123,21 @@ def test_the_peers_a_plan_names_are_dialled_without_the_tracker(tmp_path: Path) 
     finally:
         second.close()
         first.close()
+
+
+def test_the_s3_reader_sees_the_check_end_without_waiting_for_a_status_alert(
+    session: TorrentSession, tmp_path: Path
+) -> None:
+    # A lone node's S3 reader writes the file itself once libtorrent has looked at it.
+    # The alert loop's first status after the add often left the torrent out, and the
+    # next came STATUS_INTERVAL (0.5 s) later: the reader must ask the handle instead.
+    _, manifest = _artifact(tmp_path)
+    state = session.add(manifest, tmp_path / "data.bin", [])
+    deadline = time.monotonic() + 10
+    while state.handle.status().state in CHECKING and time.monotonic() < deadline:
+        time.sleep(0.02)
+    state.status = None  # no status from the alert loop yet
+    artifact = Artifact(manifest, TorrentSink(session, manifest), tmp_path / "data.bin")
+    direct = writing_directly(artifact, state)
+    assert direct is not None and artifact.direct is direct
+    direct.close()
