@@ -11,6 +11,7 @@ import http.client
 import json
 import logging
 import os
+import select
 import socket
 import sys
 import threading
@@ -36,8 +37,13 @@ log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT = 30.0
 DAEMON_START_POLL = 0.02
-"""Seconds between looks for a starting daemon's socket: each is one failed connect, and
-every look saved is the node's own start (a daemon is up ~0.3 s after it was spawned)."""
+"""Seconds between looks for a starting daemon's socket, where its ready pipe said
+nothing (:data:`READY_FD_ENV`): each look is one failed connect."""
+READY_FD_ENV: Final = "SWARM_READY_FD"
+"""The environment variable that gives a forked daemon the pipe it writes one byte to
+once it serves (:func:`swarm.agent.serve.tell_ready`): ``swarm fetch`` waits on it
+instead of trying the socket every DAEMON_START_POLL, which cost each of six nodes
+starting together on two cores 40 connects and the daemon up to 20 ms of its start."""
 STATUS_INTERVAL = 0.5
 COPY_CHUNK = 8 << 20
 
@@ -147,24 +153,33 @@ class DaemonClient:
             return False
 
 
-def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> int:
+def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> tuple[int, int]:
     """Start ``swarm ARGS`` (the daemon) for ``home`` in a child of this process, in a
-    session of its own, its output appended to ``daemon.log``; returns its pid.
+        session of its own, its output appended to ``daemon.log``; returns its pid and the read
+    end of the pipe it writes one byte to once it serves (:data:`READY_FD_ENV`; the caller
+    closes it).
 
-    A fork, not a new interpreter: this process already holds Python, click and the
-    CLI's modules, which a fresh ``python -m swarm daemon`` loaded again (0.06-0.07 CPU-s
-    of a node's start; six nodes starting at once share two cores in the s3-fast bench,
-    so each one's first byte waits for all of them). A fork carries only the calling
-    thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
-    loops, libtorrent's session); tests/integration/test_s3http.py holds it to that.
-    ``coordinator`` (the setting as ``swarm fetch`` resolved it): the child opens its
-    connection to the first one at once
-    (:func:`swarm.agent.reporter.preconnect`)."""
+        A fork, not a new interpreter: this process already holds Python, click and the
+        CLI's modules, which a fresh ``python -m swarm daemon`` loaded again (0.06-0.07 CPU-s
+        of a node's start; six nodes starting at once share two cores in the s3-fast bench,
+        so each one's first byte waits for all of them). A fork carries only the calling
+        thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
+        loops, libtorrent's session); tests/integration/test_s3http.py holds it to that.
+        ``coordinator`` (the setting as ``swarm fetch`` resolved it): the child opens its
+        connection to the first one at once
+        (:func:`swarm.agent.reporter.preconnect`)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    ready_read, ready_write = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(ready_read)
+        os.close(ready_write)
+        raise
     if pid:
-        return pid
+        os.close(ready_write)  # the child's copy stays open until it is ready or gone
+        return pid, ready_read
     code = 1
     try:
         os.setsid()
@@ -176,6 +191,8 @@ def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> 
         os.close(null)
         os.close(out)
         os.environ["SWARM_HOME"] = str(home)
+        os.close(ready_read)
+        os.environ[READY_FD_ENV] = str(ready_write)
         from swarm import config
         from swarm.agent import reporter
 
@@ -313,10 +330,16 @@ def ensure_daemon(
         args += ["--coordinator", coordinator]
     if peers_from_asg:
         args += ["--peers-from-asg", peers_from_asg]
-    pid = fork_daemon(home, args, coordinator)
-    if while_starting is not None:
-        while_starting()
+    pid, ready = fork_daemon(home, args, coordinator)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
+    try:
+        if while_starting is not None:
+            while_starting()
+        # One byte once the daemon serves; none (the end of the pipe) if it exited first
+        # (another daemon took the home meanwhile, or it failed: the loop below says which)
+        select.select([ready], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        os.close(ready)
     exit_code: int | None = None
     while not client.alive():
         if exit_code is None:

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from swarm.agent import memory
 from swarm.agent.api import ApiServer
-from swarm.agent.client import sock_path
+from swarm.agent.client import READY_FD_ENV, sock_path
 from swarm.agent.daemon import Daemon
 from swarm.agent.held import HeldArtifacts
 from swarm.agent.reporter import report_loop
@@ -27,6 +27,10 @@ from swarm.udp import DEFAULT_RATE_CAP_BPS, UdpServer
 from swarm.udp.rate import MIN_RATE_BPS
 
 log = logging.getLogger(__name__)
+
+LISTEN_POLL = 0.005
+"""Seconds between looks at whether libtorrent listens yet (it binds in its own thread,
+within a few ms of the session's start: at 0.05 a start waited 25 ms on average here)."""
 
 WATCH_INTERVAL = 2.0
 """Seconds between checks that every seeded file is still the one verified."""
@@ -88,8 +92,19 @@ async def wait_listening(daemon: Daemon, port: int, timeout: float = 3.0) -> boo
     while daemon.session.listen_port != port:
         if time.monotonic() > deadline:
             return False
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(LISTEN_POLL)
     return True
+
+
+def tell_ready() -> None:
+    """Tell the ``swarm fetch`` that forked this daemon that it serves (one byte on the
+    pipe named by :data:`READY_FD_ENV`); nothing when started otherwise."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        os.write(int(fd), b"1")
+        os.close(int(fd))
 
 
 async def serve(
@@ -183,6 +198,7 @@ async def serve(
     if on_ready:
         tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
+    tell_ready()
     try:
         await stop.wait()
         log.info("stopping: saving resume data")

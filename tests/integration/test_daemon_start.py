@@ -1,0 +1,61 @@
+"""How ``swarm fetch`` learns that the daemon it forked serves: a pipe, not polling."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tests.swarmnet import Swarm
+
+# Run in a process of its own: a fork of pytest's would carry its threads and state.
+FORK_AND_WAIT = """
+import json, os, select, sys, time
+from pathlib import Path
+from swarm.agent.client import DaemonClient, fork_daemon
+home = Path(sys.argv[1])
+pid, ready = fork_daemon(home, ["daemon", "--listen", sys.argv[2], "--udp-port", "0"])
+readable, _, _ = select.select([ready], [], [], 30)
+byte = os.read(ready, 1) if readable else b""
+alive = DaemonClient(home).alive()  # at once: no look at the socket before the byte
+print(json.dumps({"pid": pid, "byte": byte.decode(), "alive": alive}))
+"""
+
+
+def test_a_forked_daemon_writes_to_its_pipe_once_it_serves(fleet: Swarm) -> None:
+    node = fleet.node(0)
+    node.home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in node.env.items() if k != "SWARM_COORDINATOR"}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AND_WAIT, str(node.home), node.ip],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    try:
+        assert result == {"pid": result["pid"], "byte": "1", "alive": True}
+    finally:
+        os.kill(result["pid"], signal.SIGTERM)
+
+
+def test_a_daemon_that_fails_at_start_closes_its_pipe(fleet: Swarm) -> None:
+    # A second daemon for a home one already serves exits at once: the pipe ends with
+    # no byte, and the waiting fetch goes on to say why (not after DAEMON_START_TIMEOUT).
+    node = fleet.node(0)
+    fleet.start_daemon(node)
+    env = {k: v for k, v in node.env.items() if k != "SWARM_COORDINATOR"}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AND_WAIT, str(node.home), node.ip],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["byte"] == "" and result["alive"] is True  # the first daemon answers
