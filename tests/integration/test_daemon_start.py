@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.swarmnet import Swarm
+from tests.swarmnet import Node, Swarm
 
 # Run in a process of its own: a fork of pytest's would carry its threads and state.
 FORK_AND_WAIT = """
@@ -24,9 +26,7 @@ print(json.dumps({"pid": pid, "byte": byte.decode(), "alive": alive}))
 """
 
 
-def test_a_forked_daemon_writes_to_its_pipe_once_it_serves(fleet: Swarm) -> None:
-    node = fleet.node(0)
-    node.home.mkdir(parents=True, exist_ok=True)
+def _fork_and_wait(node: Node) -> dict[str, object]:
     env = {k: v for k, v in node.env.items() if k != "SWARM_COORDINATOR"}
     done = subprocess.run(
         [sys.executable, "-c", FORK_AND_WAIT, str(node.home), node.ip],
@@ -36,26 +36,34 @@ def test_a_forked_daemon_writes_to_its_pipe_once_it_serves(fleet: Swarm) -> None
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def _stop_daemon(home: Path) -> None:
+    """The daemon of ``home``, by its pid file, whatever the test's outcome (it runs in a
+    session of its own: nothing else stops it)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int((home / "daemon.pid").read_text()), signal.SIGTERM)
+
+
+def test_a_forked_daemon_writes_to_its_pipe_once_it_serves(fleet: Swarm) -> None:
+    node = fleet.node(0)
     try:
+        result = _fork_and_wait(node)
         assert result == {"pid": result["pid"], "byte": "1", "alive": True}
     finally:
-        os.kill(result["pid"], signal.SIGTERM)
+        _stop_daemon(node.home)
 
 
 def test_a_daemon_that_fails_at_start_closes_its_pipe(fleet: Swarm) -> None:
     # A second daemon for a home one already serves exits at once: the pipe ends with
     # no byte, and the waiting fetch goes on to say why (not after DAEMON_START_TIMEOUT).
     node = fleet.node(0)
-    fleet.start_daemon(node)
-    env = {k: v for k, v in node.env.items() if k != "SWARM_COORDINATOR"}
-    done = subprocess.run(
-        [sys.executable, "-c", FORK_AND_WAIT, str(node.home), node.ip],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result["byte"] == "" and result["alive"] is True  # the first daemon answers
+    first = fleet.start_daemon(node)
+    try:
+        result = _fork_and_wait(node)
+        assert result["byte"] == "" and result["alive"] is True  # the first one answers
+        assert node.daemon_pid() == first.pid
+    finally:
+        _stop_daemon(node.home)
