@@ -155,19 +155,19 @@ class DaemonClient:
 
 def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> tuple[int, int]:
     """Start ``swarm ARGS`` (the daemon) for ``home`` in a child of this process, in a
-        session of its own, its output appended to ``daemon.log``; returns its pid and the read
-    end of the pipe it writes one byte to once it serves (:data:`READY_FD_ENV`; the caller
-    closes it).
+    session of its own, its output appended to ``daemon.log``; returns its pid and the
+    read end of the pipe it writes one byte to once it serves (:data:`READY_FD_ENV`; the
+    caller closes it).
 
-        A fork, not a new interpreter: this process already holds Python, click and the
-        CLI's modules, which a fresh ``python -m swarm daemon`` loaded again (0.06-0.07 CPU-s
-        of a node's start; six nodes starting at once share two cores in the s3-fast bench,
-        so each one's first byte waits for all of them). A fork carries only the calling
-        thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
-        loops, libtorrent's session); tests/integration/test_s3http.py holds it to that.
-        ``coordinator`` (the setting as ``swarm fetch`` resolved it): the child opens its
-        connection to the first one at once
-        (:func:`swarm.agent.reporter.preconnect`)."""
+    A fork, not a new interpreter: this process already holds Python, click and the
+    CLI's modules, which a fresh ``python -m swarm daemon`` loaded again (0.06-0.07 CPU-s
+    of a node's start; six nodes starting at once share two cores in the s3-fast bench,
+    so each one's first byte waits for all of them). A fork carries only the calling
+    thread: the CLI runs none yet, and loads nothing that starts its own (awscrt's event
+    loops, libtorrent's session); tests/integration/test_s3http.py holds it to that.
+    ``coordinator`` (the setting as ``swarm fetch`` resolved it): the child opens its
+    connection to the first one at once
+    (:func:`swarm.agent.reporter.preconnect`)."""
     sys.stdout.flush()
     sys.stderr.flush()
     ready_read, ready_write = os.pipe()
