@@ -124,7 +124,7 @@ same seeder by chance (three of four, half the time with two seeders) shared its
 while the other idled, and a session that got a third of it lost to TCP and waited 5 s;
 with a session on each, every seeder serves every far node."""
 
-RELIEF_MIN_PIECES: Final = 8
+RELIEF_MIN_PIECES: Final = 12
 """A running session with at least this many pieces still to come gives the back half
 of them to a far seeder whose own session is done or in its tail (:func:`relief_pieces`;
 fewer are not worth a new session's connect, handshake and ramp, a few round trips). A
@@ -134,7 +134,10 @@ seeders' uplinks are not equally loaded: far-region's sessions from one seeder t
 while the first seeder's uplink idled (the WAN carried 10-26 MB/s of its 50 for the last
 second of the sessions). Not fewer: at 4, reliefs of two or three pieces followed one
 another, each a new session that split its seeder's budget once more and started at
-half its share, and far-region took 9.65 s against 7.96 (13 pairs, faster in one)."""
+half its share, and far-region took 9.65 s against 7.96 (13 pairs, faster in one). At 12
+rather than 8 (a relief of at least six pieces), 26 alternating pairs: 7.91 s mean
+against 8.20 (medians 7.90 and 8.03, faster in 15; 23 of 26 runs at most 8.05 s against
+13, the slowest 8.59 s against 11.76)."""
 
 HOLDER_PENALTY: Final = 30.0
 """Seconds a holder that failed (unreachable, no UDP server, wrong secret) is skipped."""

@@ -26,6 +26,7 @@ from swarm.agent.udpchoice import (
     PROBE_BACKOFF,
     PROBE_BACKOFF_CAP,
     PROBE_SECONDS,
+    RELIEF_MIN_PIECES,
     SESSION_BYTES,
     SESSION_SECONDS,
     START_AFTER,
@@ -212,9 +213,12 @@ def test_a_few_pieces_left_are_split_between_the_holders_free_now() -> None:
 def test_a_free_seeder_takes_the_back_half_of_a_running_sessions_pieces() -> None:
     """The last pieces the running session would get (its order), half of them rounded
     down; none while fewer than RELIEF_MIN_PIECES remain."""
-    assert relief_pieces([9, 3, 7, 1, 5, 0, 2, 4, 6]) == [0, 2, 4, 6]
-    assert relief_pieces([4, 8, 2, 6, 1, 3, 5, 7]) == [1, 3, 5, 7]
-    assert relief_pieces([4, 8, 2, 6, 1, 3, 5]) == []
+    assert relief_pieces([9, 3, 7, 1, 5, 0, 2, 4, 6], least=8) == [0, 2, 4, 6]
+    assert relief_pieces([4, 8, 2, 6, 1, 3, 5, 7], least=8) == [1, 3, 5, 7]
+    assert relief_pieces([4, 8, 2, 6, 1, 3, 5], least=8) == []
+    enough = list(range(RELIEF_MIN_PIECES))
+    assert relief_pieces(enough) == enough[RELIEF_MIN_PIECES - RELIEF_MIN_PIECES // 2 :]
+    assert relief_pieces(enough[1:]) == []  # one fewer: no relief
     assert relief_pieces([4, 8, 2], least=2) == [2]
     assert relief_pieces([]) == []
 
