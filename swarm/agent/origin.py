@@ -29,6 +29,7 @@ from swarm.policy import Mode
 from swarm.sources import PieceSink
 from swarm.sources.peers import TorrentSession, TorrentState
 from swarm.sources.s3 import S3Source, S3SourceConfig
+from swarm.sources.s3width import GetWidth
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +118,21 @@ def read_origin(
     state = session.torrents[manifest.info_hash]
     client = artifact.client
 
-    shapes = {  # (concurrency, range size) per kind of batch
+    shapes = {  # (most GETs in flight, range size) per kind of batch: see ``widths``
         BatchKind.ALL: (8, STRIPE_RANGE),
         BatchKind.STRIPE: (8, STRIPE_RANGE),
         BatchKind.WIDE: (8, STRIPE_RANGE),
         BatchKind.FILL: (1, manifest.piece_size),
     }
+
+    def received() -> int:
+        """Pieces the node holds, from any source (what more GETs must raise)."""
+        return len(artifact.direct.held() if artifact.direct is not None else state.held)
+
+    # A width per kind of batch, kept across the fetch's batches: under a stripe or WIDE
+    # peers share the node's link, under ALL they do not, so a width that paid under one
+    # says nothing of the other.
+    widths = {kind: GetWidth(received, concurrency) for kind, (concurrency, _) in shapes.items()}
 
     upload_only = False
 
@@ -192,9 +202,15 @@ def read_origin(
         artifact.s3_busy.start()
         try:
             session.hold_back(manifest.info_hash, held_back, True)
-            S3Source(client, manifest, target, artifact.cancel, config, on_retry=retrying).fetch(
-                batch.pieces, stop
-            )
+            S3Source(
+                client,
+                manifest,
+                target,
+                artifact.cancel,
+                config,
+                on_retry=retrying,
+                width=widths[batch.kind],
+            ).fetch(batch.pieces, stop)
         finally:
             artifact.s3_busy.stop()
             with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile

@@ -37,6 +37,7 @@ from swarm.s3http import (
     raise_for,
 )
 from swarm.sources import Cancelled, PieceSink
+from swarm.sources.s3width import GetWidth
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,7 @@ class S3Source:
         config: S3SourceConfig | None = None,
         rng: random.Random | None = None,
         on_retry: Callable[[str | None], None] | None = None,
+        width: GetWidth | None = None,
     ) -> None:
         self.client = client
         self.url = S3Url(manifest.bucket, manifest.key)
@@ -218,6 +220,8 @@ class S3Source:
         self.retries = 0
         self.on_retry = on_retry
         """Told each retry's reason as it happens (None once a range succeeds again)."""
+        self.width = width
+        """How many of the ``concurrency`` GETs may be in flight at once (None: all)."""
 
     def fetch(self, pieces: Iterable[int], stop: Callable[[], bool] | None = None) -> None:
         """Fetch ``pieces`` (those the sink still misses); return when all are stored, or,
@@ -318,6 +322,30 @@ class S3Source:
         out before returning). A fresh 1 MiB bytearray per piece was the largest holder
         of the GIL in a profile: it is zero-filled, page-faulted, with the GIL held.
         """
+        width = self.width
+        if width is not None:
+
+            def give_up() -> bool:
+                return self.cancel.is_set() or halt.is_set() or (stop is not None and stop())
+
+            if not width.acquire(give_up):
+                self._stopped(halt)
+                return 0  # stop() said so: the caller reads the rest otherwise
+        try:
+            bad = self._get_body(byte_range, halt, stop)
+        finally:
+            if width is not None:
+                width.release()
+        settle = getattr(self.sink, "settle", None)
+        if settle is not None:  # a sink that checks pieces after offer returned
+            bad += settle(byte_range.pieces)
+        return bad
+
+    def _get_body(
+        self, byte_range: ByteRange, halt: threading.Event, stop: Callable[[], bool] | None
+    ) -> int:
+        """The GET of :meth:`_get` and the reading of its body; the count of pieces the
+        sink refused at once."""
         if self.tree is not None:
             layout, keys = self.tree
             body: Any = SpanningBody(
@@ -355,9 +383,6 @@ class S3Source:
         finally:
             water.reset()
             body.close()  # the connection back to the pool if the body was read to its end
-        settle = getattr(self.sink, "settle", None)
-        if settle is not None:  # a sink that checks pieces after offer returned
-            bad += settle(byte_range.pieces)
         return bad
 
     def _read_piece(self, body: Any, view: memoryview, index: int, water: LowWater) -> bool:
@@ -367,6 +392,8 @@ class S3Source:
             if self.sink.have(index):
                 return False
             read_exactly(body, view[start : start + OVERTAKEN_CHECK], water)
+            if self.width is not None:
+                self.width.tick()
         return True
 
 

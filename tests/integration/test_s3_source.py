@@ -12,6 +12,7 @@ import boto3
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
 from swarm.sources.s3 import S3Source, S3SourceConfig
+from swarm.sources.s3width import GetWidth
 from tests.conftest import make_artifact
 
 PIECE = 256 << 10
@@ -121,3 +122,34 @@ def test_gets_read_to_their_end_reuse_one_connection(env, bucket, tmp_path):
     S3Source(client, manifest, sink, threading.Event(), config).fetch(range(8))
     assert len(gets) == 4 and sink.held == set(range(8))
     assert len(opened) == 1
+
+
+def test_no_more_gets_in_flight_than_the_width(env, bucket, tmp_path):
+    """Eight threads, each with a range, but a width of 2 (its cap): at most two GETs are
+    in flight at once, from the request to the body's close, and every piece arrives."""
+    manifest, client = _published(env, bucket, tmp_path / "w.bin", 16)
+    sink = RacingSink(manifest, trigger=-1, others=set())
+    config = S3SourceConfig(concurrency=8, range_size=2 * PIECE)
+    width = GetWidth(lambda: len(sink.held), cap=2)
+    lock, in_flight, most = threading.Lock(), [0], [0]
+    get_object = client.get_object
+
+    def counted(**kw: Any) -> Any:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        response = get_object(**kw)
+        close = response["Body"].close
+
+        def closed() -> None:
+            with lock:
+                in_flight[0] -= 1
+            close()
+
+        response["Body"].close = closed
+        return response
+
+    client.get_object = counted  # type: ignore[method-assign]
+    S3Source(client, manifest, sink, threading.Event(), config, width=width).fetch(range(16))
+    assert sink.held == set(range(16))
+    assert most[0] == 2
