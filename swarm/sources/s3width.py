@@ -65,9 +65,11 @@ REPROBE_SECONDS: Final = 10.0
 class GetWidth:
     """The number of GETs allowed in flight, for the S3 reads of one artifact.
 
-    ``received``: pieces the node holds (from any source); it is read at the start and
-    end of each measure only. The readers call :meth:`acquire` before a GET,
-    :meth:`release` after it and :meth:`tick` as its bytes come in."""
+    ``received``: pieces the node holds (from any source); it is read when a measure
+    starts and, once it has lasted :data:`WINDOW_SECONDS`, as bytes come in until
+    :data:`WINDOW_PIECES` more are held (a direct sink's count is a set union). The
+    readers call :meth:`acquire` before a GET, :meth:`release` after it and :meth:`tick`
+    as its bytes come in."""
 
     def __init__(
         self,
@@ -130,12 +132,10 @@ class GetWidth:
         if self._active < self.width:
             if self._gap_since is None:
                 self._gap_since = now
-            elif now - self._gap_since > GAP_SECONDS:  # a batch's tail, or between batches
-                self._full_since = self._window = None
-            return
-        if self._gap_since is not None and now - self._gap_since > GAP_SECONDS:
+            return  # nothing is measured until every GET is in flight again
+        gap, self._gap_since = self._gap_since, None
+        if gap is not None and now - gap > GAP_SECONDS:  # a batch's tail, or between batches
             self._full_since = self._window = None
-        self._gap_since = None
         if self._settled_at is not None:
             if now - self._settled_at < REPROBE_SECONDS:
                 return
@@ -147,8 +147,10 @@ class GetWidth:
                 self._window = (now, self._received())
             return
         start, before = self._window
+        if now - start < WINDOW_SECONDS:  # (before asking: a tick comes per 256 KiB read)
+            return
         held = self._received()
-        if now - start < WINDOW_SECONDS or held - before < WINDOW_PIECES:
+        if held - before < WINDOW_PIECES:
             return
         self._decide((held - before) / (now - start), now)
 
