@@ -62,7 +62,29 @@ download peak is its S3 rate (the only thing it has received), and peers have li
 give: an origin at 100 Mbit for 4 nodes looked "as fast as the link and the swarm" (ALL:
 every node read the whole object) or, a second later, as having spare capacity (MIX:
 half of every node's bytes read again). Being wrong that way costs up to N reads of the
-object; waiting costs two seconds of stripes, which read distinct pieces at full width."""
+object; waiting costs two seconds of stripes, which read distinct pieces at full width.
+Fast fleets wait less (:data:`PEERS_WARMUP_FAST`)."""
+
+PEERS_WARMUP_FAST: Final = 1.0
+"""The warm-up where the median fetching node's download peak is at least
+:data:`WARMUP_PIECES` pieces over it: the rates come from counters of whole pieces over
+report intervals, so a rate's error is about a piece per interval, and one interval of
+peer traffic tells a fast node's rates as well as two tell a slow one's. One second for
+every fleet, in alternating pairs against two (``bench/fleet.py --systems swarm``):
+s3-fast 5.72-5.88 s against 6.10-6.60 (four pairs: ALL a second sooner; before it, the
+nodes' WIDE reads and their exchange went through libtorrent, twice the CPU per GiB of
+ALL's direct writes), mixed 10.21-10.50 against 10.66-10.90, swarm-bound 8.04-9.07
+against 8.16-9.65 (three each), origin-bound, slow uploads and existing seeders
+unchanged; but at a quarter of the rates (a node's link 6-12 pieces a second) it cost
+mixed 1.4-2.6 s, slow uploads up to 3.7 and swarm-bound up to 2.8 (two pairs each), and
+origin-bound read 1.28 F once. Those keep :data:`PEERS_WARMUP`. With this rule, s3-fast
+5.69-6.58 s (mean 5.94) against 5.97-6.44 (6.13) in six pairs; far-region 7.81-8.02
+against 7.76-7.98 (three)."""
+
+WARMUP_PIECES: Final = 16
+"""Pieces a node's download peak must reach in :data:`PEERS_WARMUP_FAST` seconds (the
+rates then within ~6%) for the fast warm-up."""
+
 
 BACKLOG_SECONDS: Final = 1.0
 """Peers hold at least this many seconds of a node's download capacity that it lacks:
@@ -118,6 +140,7 @@ its share at once and for good, and a share that one snapshot's noise brought
 @dataclass
 class _Artifact:
     size: int
+    piece_size: int
     links: dict[str, Link] = field(default_factory=dict)
     complete: dict[str, float] = field(default_factory=dict)
     """Upload capacity of nodes that hold the whole artifact (seeders)."""
@@ -190,11 +213,12 @@ class CapacityBook:
         complete: bool,
         backlog: int = 0,
         s3_peak: float = 0.0,
+        piece_size: int = 1 << 20,
     ) -> None:
         """Record one node's report. ``backlog``: bytes that peers hold and it lacks."""
         art = self._artifacts.get(info_hash)
         if art is None:
-            art = self._artifacts[info_hash] = _Artifact(size)
+            art = self._artifacts[info_hash] = _Artifact(size, piece_size)
         self._by_node.setdefault(node, set()).add(info_hash)
         if complete:
             art.links.pop(node, None)
@@ -306,7 +330,7 @@ class CapacityBook:
             s3_per_reader,
             readers,
             self.origin_rate,
-            swarm_shown=art.peers_since is not None and now - art.peers_since >= PEERS_WARMUP,
+            swarm_shown=art.peers_since is not None and now - art.peers_since >= _warmup(art),
             origin_peak=art.origin_peak,
             together=art.together,
             all_taken_back=art.all_taken_back,
@@ -415,6 +439,13 @@ class CapacityBook:
         art.s3_bytes.pop(node, None)
         if not art.links and not art.complete:
             del self._artifacts[info_hash]
+
+
+def _warmup(art: _Artifact) -> float:
+    """Seconds of peer traffic the artifact's rates need (:data:`PEERS_WARMUP_FAST`)."""
+    downs = [link.down for link in art.links.values()]
+    fast = WARMUP_PIECES * art.piece_size / PEERS_WARMUP_FAST
+    return PEERS_WARMUP_FAST if downs and statistics.median(downs) >= fast else PEERS_WARMUP
 
 
 def _withdraw(art: _Artifact, node: str, recent: float) -> None:

@@ -63,8 +63,9 @@ def snapshot(
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for
-    :data:`~swarm.coordinator.capacity.PEERS_WARMUP` (the rates mean
-    something); ``origin_peak``: the most S3 gave its readers together so far;
+    :data:`~swarm.coordinator.capacity.PEERS_WARMUP` (or
+    :data:`~swarm.coordinator.capacity.PEERS_WARMUP_FAST`: the rates mean something);
+    ``origin_peak``: the most S3 gave its readers together so far;
     ``together``: the most the nodes' S3 rates of one interval summed to;
     ``all_taken_back``: S3 slowed under ALL this cohort (see
     :func:`~swarm.coordinator.capacity.s3_slowed`)."""

@@ -184,6 +184,7 @@ class StripePlanner:
             peers=rates.down.get("peers", 0.0),
             complete=complete,
             backlog=backlog,
+            piece_size=piece_size,
         )
         # the readers' S3 rates, this node's as of this report
         s3 = {n: r for n, r in view.reader_s3}

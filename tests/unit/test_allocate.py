@@ -13,8 +13,10 @@ from swarm.coordinator.capacity import (
     DIRECT_HOLD,
     ORIGIN_WINDOW,
     PEERS_WARMUP,
+    PEERS_WARMUP_FAST,
     SNAPSHOT_PERIOD,
     SPARE_SHARE,
+    WARMUP_PIECES,
     CapacityBook,
 )
 from swarm.lab.scenarios import SCENARIOS, scenario
@@ -159,6 +161,26 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     # recomputed at most once a second; departed nodes leave the book
     book2.forget([f"n{i}" for i in range(8)])
     assert book2.allocation("ih", 12 * MBIT, readers=8, now=PEERS_WARMUP + 5.0) is None
+
+
+@pytest.mark.parametrize("rate_scale", [1.0, 0.25])
+def test_a_fleet_whose_rates_stand_on_many_pieces_warms_up_in_one_interval(
+    rate_scale: float,
+) -> None:
+    """The rates are counters of whole pieces over report intervals: where the median
+    node's download peak is WARMUP_PIECES pieces per PEERS_WARMUP_FAST (s3-fast: 250
+    Mbit links, 1 MiB pieces), one interval of peer traffic is enough; at a quarter of
+    those rates (62.5 Mbit, 7-8 pieces a second) the book waits PEERS_WARMUP."""
+    down = 250 * rate_scale
+    fast = down * MBIT * PEERS_WARMUP_FAST >= WARMUP_PIECES * (1 << 20)
+    assert fast == (rate_scale == 1.0)
+    book = CapacityBook()
+    six = [f"n{i}" for i in range(6)]
+    _report(book, six, down=down, up=down, peers=down / 4)
+    assert book.allocation("ih", down * MBIT, readers=6, now=0.0) is None  # peers seen
+    early = book.allocation("ih", down * MBIT, readers=6, now=PEERS_WARMUP_FAST)
+    assert (early is not None) == fast
+    assert book.allocation("ih", down * MBIT, readers=6, now=PEERS_WARMUP) is not None
 
 
 def test_a_few_fast_readers_do_not_make_all() -> None:
@@ -447,10 +469,12 @@ def test_the_origin_gave_at_least_what_the_cohort_read_since_it_started() -> Non
     def plan(mbit_read: float, seconds: float, down: float) -> Allocation | None:
         book = CapacityBook()
         _report(book, six, down=down, up=down, peers=down / 2)
+        # peers seen from here: the book allocates PEERS_WARMUP later (it has read
+        # nothing yet, so this says nothing of the origin)
+        book.allocation("ih", 10 * MBIT, readers=6, now=seconds - PEERS_WARMUP)
         for i, node in enumerate(six):  # fetches started 0.1 s apart from t = 0
             share = int(mbit_read * MBIT * seconds / len(six))
             book.note_s3("ih", node, 0.0, now=seconds, total=share, started=0.1 * i)
-        book.allocation("ih", 10 * MBIT, readers=6, now=seconds - PEERS_WARMUP)
         return book.allocation("ih", 10 * MBIT, readers=6, now=seconds)
 
     fast = plan(700, 1.5, down=250)  # 128 MiB in 1.5 s: the origin gave 700 Mbit at least
