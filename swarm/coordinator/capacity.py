@@ -215,7 +215,8 @@ class CapacityBook:
         s3_peak: float = 0.0,
         piece_size: int = 1 << 20,
     ) -> None:
-        """Record one node's report. ``backlog``: bytes that peers hold and it lacks."""
+        """Record one node's report. ``backlog``: bytes that peers hold and it lacks;
+        ``piece_size``: the artifact's (its rates are counted in whole pieces)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             art = self._artifacts[info_hash] = _Artifact(size, piece_size)
