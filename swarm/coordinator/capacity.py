@@ -69,7 +69,8 @@ PEERS_WARMUP_FAST: Final = 1.0
 """The warm-up where the median fetching node's download peak is at least
 :data:`WARMUP_PIECES` pieces over it: the rates come from counters of whole pieces over
 report intervals, so a rate's error is about a piece per interval, and one interval of
-peer traffic tells a fast node's rates as well as two tell a slow one's. One second for
+peer traffic should tell a fast node's rates as well as two tell a slow one's (the
+reason the quarter-rate runs below are consistent with, not one they isolate). One second for
 every fleet, in alternating pairs against two (``bench/fleet.py --systems swarm``):
 s3-fast 5.72-5.88 s against 6.10-6.60 (four pairs: ALL a second sooner; before it, the
 nodes' WIDE reads and their exchange went through libtorrent, twice the CPU per GiB of
@@ -211,9 +212,9 @@ class CapacityBook:
         up_peak: float,
         peers: float,
         complete: bool,
+        piece_size: int,
         backlog: int = 0,
         s3_peak: float = 0.0,
-        piece_size: int = 1 << 20,
     ) -> None:
         """Record one node's report. ``backlog``: bytes that peers hold and it lacks;
         ``piece_size``: the artifact's (its rates are counted in whole pieces)."""

@@ -112,7 +112,7 @@ def _report(
     for name in names:
         book.update(
             name, "ih", F, down_peak=down * MBIT, up_peak=up * MBIT, peers=peers * MBIT,
-            complete=complete, backlog=backlog, s3_peak=s3 * MBIT,
+            complete=complete, piece_size=1 << 20, backlog=backlog, s3_peak=s3 * MBIT,
         )  # fmt: skip
 
 
@@ -150,7 +150,9 @@ def test_capacity_book_takes_s3_as_unlimited_while_it_beats_the_swarm() -> None:
     # once peers have had their warm-up, S3 filling the nodes' links while peers give
     # nothing (every node WIDE or ALL) is ALL
     book3 = CapacityBook()
-    book3.update("n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False)
+    book3.update(
+        "n", "ih", F, down_peak=MBIT, up_peak=0.0, peers=0.0, complete=False, piece_size=1 << 20
+    )
     assert book3.allocation("ih", MBIT, readers=1, now=5 * PEERS_WARMUP) is None
     _report(book, six, down=250, up=80, peers=0)  # up: the peak they have shown
     assert book.allocation("ih", 240 * MBIT, readers=6, now=PEERS_WARMUP + 1.5) == plan_all
