@@ -194,6 +194,7 @@ class Completion:
             log.info("%s verified at %s%s", artifact.manifest.name, artifact.final_path,
                      _redundant(self.session, artifact.info_hash))  # fmt: skip
         finally:
+            artifact.end_tunings()
             if artifact.lock is not None:
                 artifact.lock.release()
                 artifact.lock = None

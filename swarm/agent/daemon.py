@@ -57,7 +57,7 @@ from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
 from swarm.s3http import S3Client
-from swarm.sources.ltsettings import DEFAULT_PORT
+from swarm.sources.ltsettings import AMONG_SEEDERS_SETTINGS, DEFAULT_PORT
 from swarm.sources.peers import TorrentSession
 
 log = logging.getLogger(__name__)
@@ -263,6 +263,7 @@ class Daemon:
         registry.forget_record(self.home, artifact.info_hash)
         if artifact.lock is not None:
             artifact.lock.release()
+        artifact.end_tunings()
         self.wake_reporter()
 
     # -- fetching -------------------------------------------------------------------------
@@ -534,6 +535,8 @@ class Daemon:
             if artifact is not None and plan is not None:
                 artifact.plan, artifact.plan_at = plan, now
                 if plan.holders:
+                    if not artifact.seeders:  # the fetch started beside seeders
+                        artifact.tune_while_fetching(self.session.tuned(AMONG_SEEDERS_SETTINGS))
                     artifact.seeders = plan.holders
                     artifact.seeders_named.set()
                 if plan.peers:

@@ -11,12 +11,14 @@ or ``data/IH/NAME`` for artifacts fetched with no DEST of their own (seeders, ``
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,6 +114,8 @@ class Artifact:
     s3_busy: BusyClock = field(default_factory=BusyClock)
     """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
     _udp_carries_wan_until: float = 0.0
+    _tunings: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _tunings_lock: threading.Lock = field(default_factory=threading.Lock)
     _repair: set[int] = field(default_factory=set)
     _repair_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -132,6 +136,20 @@ class Artifact:
         """Whether UDP is bringing (or still looking for) what crosses the WAN: the S3
         reader then reads nothing from a far S3 (see ``read_origin``)."""
         return time.monotonic() < self._udp_carries_wan_until
+
+    def tune_while_fetching(self, tuning: AbstractContextManager[object]) -> None:
+        """Hold ``tuning`` (:meth:`swarm.sources.peers.TorrentSession.tuned`) until this
+        fetch ends (:meth:`end_tunings`); not at all if it has ended already."""
+        with self._tunings_lock:
+            if self.verified.is_set() or self.failure is not None or self.cancel.is_set():
+                return
+            self._tunings.enter_context(tuning)
+
+    def end_tunings(self) -> None:
+        """The fetch is over (verified, failed or dropped): its tunings are let go. Called
+        after ``verified``, ``failure`` or ``cancel`` is set, so none is taken after."""
+        with self._tunings_lock:
+            self._tunings.close()
 
     def take_repair(self) -> list[int]:
         with self._repair_lock:

@@ -55,6 +55,7 @@ from swarm.agent.udpchoice import (
     with_seeders,
 )
 from swarm.agent.udplane import Lane
+from swarm.sources.ltsettings import FAR_FETCH_SETTINGS
 from swarm.sources.peers import TorrentSession
 from swarm.udp import DEFAULT_RATE_BPS
 from swarm.udp.client import CONNECT_TIMEOUT
@@ -208,7 +209,7 @@ def auto_udp(
         # S3 is far (or refused): sessions will bring what libtorrent asks near peers for
         # (FAR_REQUEST_QUEUE_SECONDS); from the start, not the first session, since the
         # queues libtorrent fills in the fetch's first second are what comes twice
-        scoped.enter_context(session.far_fetch())
+        scoped.enter_context(session.tuned(FAR_FETCH_SETTINGS))
         # and the S3 reader leaves the far S3 to UDP while it finds a far holder (the
         # coordinator names the seeders in its first plans) and while sessions run
         artifact.leave_s3_to_udp(FIND_HOLDER_SECONDS)

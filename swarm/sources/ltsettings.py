@@ -50,7 +50,22 @@ FAR_FETCH_SETTINGS: Final[dict[str, int | bool]] = {
     "strict_end_game_mode": False,
 }
 """libtorrent's settings while any fetch whose S3 is far runs its UDP source
-(:meth:`swarm.sources.peers.TorrentSession.far_fetch`)."""
+(:meth:`swarm.sources.peers.TorrentSession.tuned`, :func:`swarm.agent.udpauto.auto_udp`)."""
+
+AMONG_SEEDERS_SETTINGS: Final[dict[str, int | bool]] = {
+    "request_queue_time": FAR_REQUEST_QUEUE_SECONDS,
+}
+"""libtorrent's settings while a fetch started beside nodes that hold the whole artifact
+(the coordinator named them in its first plans: ``OriginPlan.holders``). Every new node
+asks the seeders for seconds of their rate at once, and at first every piece is equally
+rare: with libtorrent's 3 s the requests in flight covered much of the artifact, several
+nodes took the same pieces from the seeders, and the nodes' own uplinks idled for lack of
+anything the others lacked (existing seeders at a quarter of the rates: at 12 s, 57 pieces
+held by the seeders only, 28 by every node). One second of a peer's rate asks for a third
+of that. Existing seeders at full rates, three alternating pairs: 8.71-8.99 s against
+8.87-10.19, peers' bytes 101% of what each node lacked against 104-105%; at a quarter,
+28.40-36.03 against 30.07-33.89 (within the noise). Not for every fetch: see
+:data:`FAR_REQUEST_QUEUE_SECONDS`."""
 
 
 def session_settings(

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ import fastbencode
 import libtorrent as lt
 
 from swarm.manifest import Manifest
-from swarm.sources.ltsettings import DISK_IO, FAR_FETCH_SETTINGS, session_settings
+from swarm.sources.ltsettings import DISK_IO, session_settings
 from swarm.tree import tree_renames
 
 log = logging.getLogger(__name__)
@@ -142,10 +142,8 @@ class TorrentSession:
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
         self._lock = threading.Lock()
-        self._far_fetches = 0  # holders of far_fetch()
-        # cast: the stubs' settings pack takes literal keys only
-        settings = cast(dict[str, Any], self.session.get_settings())
-        self._near_settings = {key: settings[key] for key in FAR_FETCH_SETTINGS}
+        self._tunings: list[Mapping[str, int | bool]] = []  # held by tuned(), oldest first
+        self._own_settings: dict[str, int | bool] = {}  # before any tuning, of keys tuned
         self._running = True
         self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
         self._thread.start()
@@ -308,20 +306,32 @@ class TorrentSession:
             self.torrents[info_hash].handle.prioritize_pieces([(i, priority) for i in pieces])
 
     @contextlib.contextmanager
-    def far_fetch(self) -> Iterator[None]:
-        """libtorrent's :data:`~swarm.sources.ltsettings.FAR_FETCH_SETTINGS` while any
-        caller holds this (a fetch whose S3 is far: its UDP source), then its own again."""
+    def tuned(self, settings: Mapping[str, int | bool]) -> Iterator[None]:
+        """libtorrent's ``settings`` while the caller holds this (a fetch that needs them:
+        :data:`~swarm.sources.ltsettings.FAR_FETCH_SETTINGS`,
+        :data:`~swarm.sources.ltsettings.AMONG_SEEDERS_SETTINGS`); the settings are the
+        session's, so fetches at once share them: a key two holders set takes the later
+        one's value, and the session's own comes back once no holder sets it."""
         with self._lock:
-            self._far_fetches += 1
-            if self._far_fetches == 1:
-                self.session.apply_settings(cast(Any, dict(FAR_FETCH_SETTINGS)))
+            # cast: the stubs' settings pack takes literal keys only
+            current = cast(dict[str, Any], self.session.get_settings())
+            for key in settings:
+                self._own_settings.setdefault(key, current[key])
+            self._tunings.append(settings)
+            self._apply_tunings()
         try:
             yield
         finally:
             with self._lock:
-                self._far_fetches -= 1
-                if self._far_fetches == 0:
-                    self.session.apply_settings(cast(Any, self._near_settings))
+                self._tunings.remove(settings)
+                self._apply_tunings()
+
+    def _apply_tunings(self) -> None:
+        """The session's own settings, overridden by every tuning held (under the lock)."""
+        wanted = dict(self._own_settings)
+        for held in self._tunings:
+            wanted.update(held)
+        self.session.apply_settings(cast(Any, wanted))
 
     def pause(self, info_hash: str, timeout: float = 30.0) -> bool:
         state = self.torrents[info_hash]
