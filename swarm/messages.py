@@ -174,6 +174,9 @@ class ArtifactStatus:
     mode: str | None = None
     s3_busy: float | None = None
     """Seconds the S3 reader has spent reading (None: it never started)."""
+    s3_streamed: int | None = None
+    """Bytes the S3 reader has received, counted as they stream in, not per piece stored
+    (None: it never started)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -210,6 +210,7 @@ def read_origin(
                 config,
                 on_retry=retrying,
                 width=widths[batch.kind],
+                streamed=artifact.s3_streamed.add,
             ).fetch(batch.pieces, stop)
         finally:
             artifact.s3_busy.stop()

@@ -62,6 +62,22 @@ class BusyClock:
             return self._total + running
 
 
+class ByteCount:
+    """Bytes counted by several threads (the S3 reader's GETs), read by the reporter."""
+
+    def __init__(self) -> None:
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self._total += nbytes
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+
 @dataclass
 class Artifact:
     """The daemon's view of one artifact it fetches or seeds."""
@@ -113,6 +129,9 @@ class Artifact:
     """Restored from a record that says its whole file matched before the restart."""
     s3_busy: BusyClock = field(default_factory=BusyClock)
     """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
+    s3_streamed: ByteCount = field(default_factory=ByteCount)
+    """Bytes the S3 reader has received, counted as they stream in (reported: the
+    coordinator's rates), where ``bytes_by_source`` counts whole pieces once stored."""
     _udp_carries_wan_until: float = 0.0
     _tunings: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _tunings_lock: threading.Lock = field(default_factory=threading.Lock)

@@ -149,4 +149,5 @@ def describe(artifact: Artifact) -> ArtifactStatus:
         pieces=bitfield(status.pieces) if status is not None else None,
         mode=artifact.plan.mode if artifact.plan is not None else None,
         s3_busy=round(artifact.s3_busy.seconds(), 3) if s3_task is not None else None,
+        s3_streamed=artifact.s3_streamed.total if s3_task is not None else None,
     )

@@ -67,10 +67,12 @@ Fast fleets wait less (:data:`PEERS_WARMUP_FAST`)."""
 
 PEERS_WARMUP_FAST: Final = 1.0
 """The warm-up where the median fetching node's download peak is at least
-:data:`WARMUP_PIECES` pieces over it: the rates come from counters of whole pieces over
-report intervals, so a rate's error is about a piece per interval, and one interval of
-peer traffic should tell a fast node's rates as well as two tell a slow one's (the
-reason the quarter-rate runs below are consistent with, not one they isolate). One second for
+:data:`WARMUP_PIECES` pieces over it. Chosen when a node's S3 counter moved a whole
+piece at a time (the peers' counter is libtorrent's payload bytes; S3's is the bytes as
+they stream in since ``s3_streamed``), so a rate's error was about a piece per interval,
+and one interval of peer traffic should tell a fast node's rates as well as two tell a
+slow one's (the reason the quarter-rate runs below are consistent with, not one they
+isolate; the rule has not been measured again since the counter changed). One second for
 every fleet, in alternating pairs against two (``bench/fleet.py --systems swarm``):
 s3-fast 5.72-5.88 s against 6.10-6.60 (four pairs: ALL a second sooner; before it, the
 nodes' WIDE reads and their exchange went through libtorrent, twice the CPU per GiB of

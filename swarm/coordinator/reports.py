@@ -123,6 +123,10 @@ class ArtifactReport:
     s3_busy: float | None = None
     """Optional: seconds the node's S3 reader has spent reading so far (a counter): S3's
     rate while asked, where an interval's average dilutes a short stripe."""
+    s3_streamed: int | None = None
+    """Optional: bytes the node's S3 reader has received so far, counted as they stream
+    in (a counter): the S3 counter the rates are measured with, where ``bytes_by_source``
+    moves a whole piece at a time."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -311,6 +315,9 @@ def _artifact(value: object, where: str) -> ArtifactReport:
         s3_busy=None
         if body.get("s3_busy") is None
         else _nonneg_float(body.get("s3_busy"), f"{where}.s3_busy", MAX_ELAPSED),
+        s3_streamed=None
+        if body.get("s3_streamed") is None
+        else _nonneg_int(body, "s3_streamed", where),
     )
 
 

@@ -202,6 +202,7 @@ class S3Source:
         rng: random.Random | None = None,
         on_retry: Callable[[str | None], None] | None = None,
         width: GetWidth | None = None,
+        streamed: Callable[[int], object] | None = None,
     ) -> None:
         self.client = client
         self.url = S3Url(manifest.bucket, manifest.key)
@@ -222,6 +223,8 @@ class S3Source:
         """Told each retry's reason as it happens (None once a range succeeds again)."""
         self.width = width
         """How many of the ``concurrency`` GETs may be in flight at once (None: all)."""
+        self.streamed = streamed
+        """Told the size of each part of a piece as it is read (a byte counter)."""
 
     def fetch(self, pieces: Iterable[int], stop: Callable[[], bool] | None = None) -> None:
         """Fetch ``pieces`` (those the sink still misses); return when all are stored, or,
@@ -391,7 +394,9 @@ class S3Source:
         for start in range(0, len(view), OVERTAKEN_CHECK):
             if self.sink.have(index):
                 return False
-            read_exactly(body, view[start : start + OVERTAKEN_CHECK], water)
+            part = read_exactly(body, view[start : start + OVERTAKEN_CHECK], water)
+            if self.streamed is not None:
+                self.streamed(len(part))
             if self.width is not None:
                 self.width.tick()
         return True

@@ -11,7 +11,7 @@ import boto3
 
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
-from swarm.sources.s3 import S3Source, S3SourceConfig
+from swarm.sources.s3 import OVERTAKEN_CHECK, S3Source, S3SourceConfig
 from swarm.sources.s3width import GetWidth
 from tests.conftest import make_artifact
 
@@ -153,3 +153,20 @@ def test_no_more_gets_in_flight_than_the_width(env, bucket, tmp_path):
     S3Source(client, manifest, sink, threading.Event(), config, width=width).fetch(range(16))
     assert sink.held == set(range(16))
     assert most[0] == 2
+
+
+def test_the_bytes_read_are_counted_as_they_stream_in(env, bucket, tmp_path):
+    """The coordinator measures S3's rate from this counter: it moves by parts of a piece
+    (OVERTAKEN_CHECK) as they are read, and sums to exactly what was read (a piece
+    another source brought first is not read, and not counted)."""
+    piece = 4 * OVERTAKEN_CHECK
+    manifest, client = _published(env, bucket, tmp_path / "a.bin", 4, piece)
+    sink = RacingSink(manifest, trigger=0, others={1})
+    parts: list[int] = []
+    config = S3SourceConfig(concurrency=1, range_size=4 * piece)
+    S3Source(client, manifest, sink, threading.Event(), config, streamed=parts.append).fetch(
+        range(4)
+    )
+    assert sink.held == set(range(4))
+    assert set(parts) == {OVERTAKEN_CHECK}  # a part at a time, not a piece
+    assert sum(parts) == 3 * piece  # pieces 0, 2 and 3: piece 1 came from elsewhere
