@@ -72,7 +72,9 @@ piece at a time (the peers' counter is libtorrent's payload bytes; S3's is the b
 they stream in since ``s3_streamed``), so a rate's error was about a piece per interval,
 and one interval of peer traffic should tell a fast node's rates as well as two tell a
 slow one's (the reason the quarter-rate runs below are consistent with, not one they
-isolate; the rule has not been measured again since the counter changed). One second for
+isolate). With the streamed counter, one second for every fleet gained nothing where it
+should have (s3-fast at a quarter 19.80-21.06 s against 19.28-20.95, mixed at a quarter
+35.95-36.47 against 34.76-37.46, two pairs each), so the rule stands. One second for
 every fleet, in alternating pairs against two (``bench/fleet.py --systems swarm``):
 s3-fast 5.72-5.88 s against 6.10-6.60 (four pairs: ALL a second sooner; before it, the
 nodes' WIDE reads and their exchange went through libtorrent, twice the CPU per GiB of
