@@ -221,7 +221,7 @@ class CapacityBook:
         s3_peak: float = 0.0,
     ) -> None:
         """Record one node's report. ``backlog``: bytes that peers hold and it lacks;
-        ``piece_size``: the artifact's (its rates are counted in whole pieces)."""
+        ``piece_size``: the artifact's (the fast warm-up's threshold is in pieces)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             art = self._artifacts[info_hash] = _Artifact(size, piece_size)

@@ -271,8 +271,9 @@ def plan_origin(
             # S3's bytes as they came, not a piece at a time: a node's rates are one
             # report interval's counters, and whole pieces read by two GETs at once made
             # a 62.5 Mbit link's download peak 8.2-9.8 MB/s (s3-fast at a quarter of its
-            # rates), so that S3, at 5.2-6.3 of it, never looked as if it filled the link
-            counters["s3"] = max(item.s3_streamed, counters.get("s3", 0))
+            # rates), so that S3, at 5.2-6.3 of it, never looked as if it filled the link.
+            # (Every piece stored from S3 was streamed first: never less than the pieces.)
+            counters["s3"] = item.s3_streamed
         plan = planner.plan(
             report.node,
             item.info_hash,

@@ -65,8 +65,7 @@ held by the seeders only, 28 by every node). One second of a peer's rate asks fo
 of that. Existing seeders at full rates, three alternating pairs: 8.71-8.99 s against
 8.87-10.19, peers' bytes 101% of what each node lacked against 104-105%; at a quarter,
 six pairs, 31.71 s mean (28.40-36.03) against 31.86 (30.07-33.89): no change. Not for
-every fetch: see
-:data:`FAR_REQUEST_QUEUE_SECONDS`."""
+every fetch: see :data:`FAR_REQUEST_QUEUE_SECONDS`."""
 
 
 def session_settings(

@@ -42,7 +42,10 @@ def test_a_fetch_beside_seeders_asks_for_less_until_it_ends(tmp_path: Path) -> N
         daemon.take_plans({manifest.info_hash: {"stripe": [], "holders": ["127.0.0.9"]}})
         assert _queue_time(daemon) == BESIDE_SEEDERS
         daemon.take_plans({manifest.info_hash: {"stripe": [], "holders": ["127.0.0.9"]}})
-        daemon._drop(artifact, "the test is over")  # the fetch ends: once is enough
+        # every report brings a plan: a later one naming holders adds no tuning (the
+        # session's list of them would grow by one a second)
+        assert len(daemon.session._tunings) == 1
+        daemon._drop(artifact, "the test is over")
         assert _queue_time(daemon) == OWN
     finally:
         daemon.close()
