@@ -51,7 +51,9 @@ def kept_from_peers(batch: Batch, planned: bool) -> bool:
     fleet (ALL taken back as the origin fell to 3 Mbit) timed out at 240 s and failed
     again when the rule was restored to check; CI's origin-bound fleet once read a whole
     WIDE batch from S3 (1.51 F). Unkept, a peer that brings a piece first cuts the GET
-    short. Nor for a stripe (pieces nobody else holds) or the node's own choice."""
+    short. Nor for a stripe (pieces nobody else holds) or the node's own choice. A batch
+    not kept from peers as a whole is kept from them one GET at a time, each GET's
+    pieces while it runs (``read_origin``)."""
     if not planned:
         return False
     if batch.kind is BatchKind.STRIPE:

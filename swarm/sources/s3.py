@@ -203,6 +203,7 @@ class S3Source:
         on_retry: Callable[[str | None], None] | None = None,
         width: GetWidth | None = None,
         streamed: Callable[[int], object] | None = None,
+        reading: Callable[[list[int], bool], object] | None = None,
     ) -> None:
         self.client = client
         self.url = S3Url(manifest.bucket, manifest.key)
@@ -225,6 +226,9 @@ class S3Source:
         """How many of the ``concurrency`` GETs may be in flight at once (None: all)."""
         self.streamed = streamed
         """Told the size of each part of a piece as it is read (a byte counter)."""
+        self.reading = reading
+        """Told the pieces a GET is about to read (``True``) and, once it is over, the
+        same pieces (``False``), the sink's own excepted."""
 
     def fetch(self, pieces: Iterable[int], stop: Callable[[], bool] | None = None) -> None:
         """Fetch ``pieces`` (those the sink still misses); return when all are stored, or,
@@ -334,9 +338,14 @@ class S3Source:
             if not width.acquire(give_up):
                 self._stopped(halt)
                 return 0  # stop() said so: the caller reads the rest otherwise
+        reading = [i for i in byte_range.pieces if not self.sink.have(i)]
+        if self.reading is not None:
+            self.reading(reading, True)
         try:
             bad = self._get_body(byte_range, halt, stop)
         finally:
+            if self.reading is not None:
+                self.reading(reading, False)
             if width is not None:
                 width.release()
         settle = getattr(self.sink, "settle", None)

@@ -170,3 +170,45 @@ def test_the_bytes_read_are_counted_as_they_stream_in(env, bucket, tmp_path):
     assert sink.held == set(range(4))
     assert set(parts) == {OVERTAKEN_CHECK}  # a part at a time, not a piece
     assert sum(parts) == 3 * piece  # pieces 0, 2 and 3: piece 1 came from elsewhere
+
+
+def test_each_get_tells_the_pieces_it_reads_before_it_starts_and_once_it_ends(
+    env, bucket, tmp_path
+):
+    """Three 2-piece ranges, one GET at a time, piece 3 already held: each GET tells its
+    pieces (the held one left out) before the first of them is offered, and tells the same
+    once its last is in (the daemon keeps peers from them meanwhile)."""
+    manifest, client = _published(env, bucket, tmp_path / "r.bin", 6)
+    sink = RacingSink(manifest, trigger=-1, others=set())
+    sink.held.add(3)
+    events: list[tuple[str, object]] = []
+    original_offer = sink.offer
+
+    def offer(index: int, data: bytes | memoryview, source: str) -> bool:
+        events.append(("offer", index))
+        return original_offer(index, data, source)
+
+    sink.offer = offer  # type: ignore[method-assign]
+    config = S3SourceConfig(concurrency=1, range_size=2 * PIECE)
+    S3Source(
+        client,
+        manifest,
+        sink,
+        threading.Event(),
+        config,
+        reading=lambda pieces, on: events.append(("reading" if on else "read", list(pieces))),
+    ).fetch(range(6))
+    assert events == [
+        ("reading", [0, 1]),
+        ("offer", 0),
+        ("offer", 1),
+        ("read", [0, 1]),
+        ("reading", [2]),
+        ("offer", 2),
+        ("read", [2]),
+        ("reading", [4, 5]),
+        ("offer", 4),
+        ("offer", 5),
+        ("read", [4, 5]),
+    ]
+    assert sink.held == set(range(6))

@@ -1,0 +1,69 @@
+"""The daemon's S3 reader keeps peers off the pieces it is reading (swarm.agent.origin):
+each GET's pieces, for as long as the GET runs, in a batch not held back as a whole."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import boto3
+
+from swarm.agent.daemon import Daemon
+from swarm.agent.origin import read_origin
+from swarm.config import Settings
+from swarm.manifest import Manifest
+from swarm.s3http import S3Client
+from swarm.sources.peers import DEFAULT_PIECE_PRIORITY
+from tests.conftest import make_artifact
+from tests.servers import free_port
+
+PIECE = 256 << 10
+PIECES = 16
+
+
+def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> None:
+    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=PIECE, bucket=bucket, key="a.bin", web_seed=None
+    )
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).put_object(
+        Bucket=bucket, Key="a.bin", Body=src.read_bytes()
+    )
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    session = daemon.session
+    calls: list[tuple[list[int], bool, bool]] = []  # pieces, on, every one of them at 0
+    real_hold_back = session.hold_back
+
+    def hold_back(info_hash: str, pieces: list[int], on: bool) -> None:
+        real_hold_back(info_hash, pieces, on)
+        handle = session.torrents[info_hash].handle
+        calls.append((list(pieces), on, all(handle.piece_priority(i) == 0 for i in pieces)))
+
+    session.hold_back = hold_back  # type: ignore[method-assign]
+    try:
+        artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
+        artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
+        # the coordinator's WIDE: everything missing from S3, nothing held back as a batch
+        daemon.take_plans({manifest.info_hash: {"stripe": [], "mode": "wide"}})
+        reader = threading.Thread(
+            target=read_origin,
+            args=(session, artifact, daemon.node_id, True, lambda: None),
+            daemon=True,
+        )
+        reader.start()
+        reader.join(60)
+        assert not reader.is_alive()
+        assert artifact.complete_on_disk()
+        got = (tmp_path / "data" / "a.bin").read_bytes()
+        assert hashlib.sha256(got).hexdigest() == manifest.sha256
+        held = [(pieces, at_zero) for pieces, on, at_zero in calls if on and pieces]
+        assert held and all(at_zero for _, at_zero in held)  # while the GET ran
+        released = [pieces for pieces, on, _ in calls if not on and pieces]
+        assert sorted(map(sorted, released)) == sorted(sorted(p) for p, _ in held)
+        priorities = session.torrents[manifest.info_hash].handle.get_piece_priorities()
+        assert list(priorities) == [DEFAULT_PIECE_PRIORITY] * PIECES  # all let go
+    finally:
+        daemon.close()
