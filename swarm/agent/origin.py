@@ -211,9 +211,10 @@ def read_origin(
         per_get = not room and target is sink
 
         def reading(pieces: list[int], on: bool) -> None:
-            if not s3_is_far():
-                with contextlib.suppress(KeyError, RuntimeError):  # the torrent went
-                    session.hold_back(manifest.info_hash, pieces, on)
+            if s3_is_far():
+                return
+            with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile
+                session.hold_back(manifest.info_hash, pieces, on)
 
         artifact.s3_busy.start()
         try:

@@ -338,14 +338,14 @@ class S3Source:
             if not width.acquire(give_up):
                 self._stopped(halt)
                 return 0  # stop() said so: the caller reads the rest otherwise
-        reading = [i for i in byte_range.pieces if not self.sink.have(i)]
+        pieces = [i for i in byte_range.pieces if not self.sink.have(i)]
         if self.reading is not None:
-            self.reading(reading, True)
+            self.reading(pieces, True)
         try:
             bad = self._get_body(byte_range, halt, stop)
         finally:
             if self.reading is not None:
-                self.reading(reading, False)
+                self.reading(pieces, False)
             if width is not None:
                 width.release()
         settle = getattr(self.sink, "settle", None)
