@@ -298,8 +298,9 @@ def read_origin(
                 # a second at 200 Mbit, and S3 bringing one of them first makes the
                 # peers' blocks already sent redundant: in the swarm-bound fleet
                 # libtorrent counted 5.5-23.7 MB a node of blocks it no longer wanted
-                # (its ``waste_piece_unknown``), 104 MB in all; 70 MB with this (one run
-                # each). Three alternating pairs there: 7.58-7.70 s against 7.60-8.15.
+                # (its ``waste_piece_unknown``), 104 MB of redundant bytes in all; 70 MB
+                # with this (one run each). Three alternating pairs there: 7.58-7.70 s
+                # against 7.60-8.15.
                 fresh = plan.mode == Mode.WIDE or budget > 0
                 batch = planned_batch(
                     plan,

@@ -338,14 +338,15 @@ class S3Source:
             if not width.acquire(give_up):
                 self._stopped(halt)
                 return 0  # stop() said so: the caller reads the rest otherwise
-        pieces = [i for i in byte_range.pieces if not self.sink.have(i)]
-        if self.reading is not None:
-            self.reading(pieces, True)
+        reading = self.reading
+        pieces = [i for i in byte_range.pieces if not self.sink.have(i)] if reading else []
+        if reading is not None:
+            reading(pieces, True)
         try:
             bad = self._get_body(byte_range, halt, stop)
         finally:
-            if self.reading is not None:
-                self.reading(pieces, False)
+            if reading is not None:
+                reading(pieces, False)
             if width is not None:
                 width.release()
         settle = getattr(self.sink, "settle", None)
