@@ -210,11 +210,13 @@ def read_origin(
         # above; asked at the first GET: far-region's readers start none).
         per_get = not room and target is sink
 
-        def reading(pieces: list[int], on: bool) -> None:
-            if s3_is_far():
-                return
+        def hold(pieces: list[int], on: bool) -> None:
             with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile
                 session.hold_back(manifest.info_hash, pieces, on)
+
+        def reading(pieces: list[int], on: bool) -> None:
+            if not s3_is_far():
+                hold(pieces, on)
 
         artifact.s3_busy.start()
         try:
@@ -232,8 +234,7 @@ def read_origin(
             ).fetch(batch.pieces, stop)
         finally:
             artifact.s3_busy.stop()
-            with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile
-                session.hold_back(manifest.info_hash, held_back, False)
+            hold(held_back, False)
 
     batch_pieces = max(1, ORIGIN_BATCH_BYTES // manifest.piece_size)
     local = LocalOriginPolicy(stripe_offset(node_id, manifest.layout.count))

@@ -339,8 +339,9 @@ class S3Source:
                 self._stopped(halt)
                 return 0  # stop() said so: the caller reads the rest otherwise
         reading = self.reading
-        pieces = [i for i in byte_range.pieces if not self.sink.have(i)] if reading else []
+        pieces: list[int] = []
         if reading is not None:
+            pieces = [i for i in byte_range.pieces if not self.sink.have(i)]
             reading(pieces, True)
         try:
             bad = self._get_body(byte_range, halt, stop)
