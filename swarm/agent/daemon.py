@@ -44,7 +44,6 @@ from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.linkcount import link_interface, sent_bytes
 from swarm.agent.origin import PLAN_TTL, read_origin
 from swarm.agent.registry import Artifact
 from swarm.agent.status import describe
@@ -129,9 +128,6 @@ class Daemon:
         self.settings = settings
         self.home = settings.home
         self.listen_ip = listen_ip
-        self.link_interface = link_interface(listen_ip)
-        """The interface whose counter the reports carry as ``uploaded`` (None:
-        libtorrent's; see :mod:`swarm.agent.linkcount`)."""
         for sub in ("artifacts", "resume", "data"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         self.node_id = node_id(self.home)
@@ -549,17 +545,10 @@ class Daemon:
                 artifact.plan_updated.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """The report: each artifact's status, with what left the node's interface as its
-        ``uploaded`` where it has one (the coordinator's uplink measure)."""
-        artifacts = [describe(a).to_json() for a in list(self.artifacts.values())]
-        sent = sent_bytes(self.link_interface) if self.link_interface is not None else None
-        if sent is not None:
-            for entry in artifacts:
-                entry["uploaded"] = sent
         return {
             "node": self.node_id,
             "addr": f"{self.listen_ip}:{self.session.listen_port}",
-            "artifacts": artifacts,
+            "artifacts": [describe(a).to_json() for a in list(self.artifacts.values())],
         }
 
     def close(self) -> None:

@@ -117,10 +117,9 @@ class ArtifactReport:
     """Optional: the pieces held, as a BitTorrent bitfield (piece 0 = high bit of byte 0);
     with ``piece_size`` and ``piece_count`` it lets the coordinator stripe origin reads."""
     uploaded: int | None = None
-    """Optional: bytes uploaded so far (a counter): what the node's interface sent, where
-    it has one of its own (:mod:`swarm.agent.linkcount`), else its payload to peers. The
-    coordinator measures the node's upload capacity from it; ``up_rate`` is libtorrent's
-    5-second average, which takes seconds to show a saturated uplink."""
+    """Optional: payload bytes uploaded to peers so far (a counter). The coordinator
+    measures the node's upload capacity from it; ``up_rate`` is libtorrent's 5-second
+    average, which takes seconds to show a saturated uplink."""
     s3_busy: float | None = None
     """Optional: seconds the node's S3 reader has spent reading so far (a counter): S3's
     rate while asked, where an interval's average dilutes a short stripe."""
