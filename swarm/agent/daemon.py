@@ -544,6 +544,12 @@ class Daemon:
                 artifact.plan_ttl = max(PLAN_TTL, 3 * interval)
                 artifact.plan_updated.set()
 
+    def fetching(self) -> bool:
+        """Some artifact is being fetched (not yet verified, not failed or cancelled)."""
+        with self._lock:
+            artifacts = list(self.artifacts.values())
+        return any(artifact.fetching for artifact in artifacts)
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "node": self.node_id,

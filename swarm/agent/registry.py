@@ -156,11 +156,16 @@ class Artifact:
         reader then reads nothing from a far S3 (see ``read_origin``)."""
         return time.monotonic() < self._udp_carries_wan_until
 
+    @property
+    def fetching(self) -> bool:
+        """Not verified, failed or dropped yet."""
+        return not (self.verified.is_set() or self.failure is not None or self.cancel.is_set())
+
     def tune_while_fetching(self, tuning: AbstractContextManager[object]) -> None:
         """Hold ``tuning`` (:meth:`swarm.sources.peers.TorrentSession.tuned`) until this
         fetch ends (:meth:`end_tunings`); not at all if it has ended already."""
         with self._tunings_lock:
-            if self.verified.is_set() or self.failure is not None or self.cancel.is_set():
+            if not self.fetching:
                 return
             self._tunings.enter_context(tuning)
 

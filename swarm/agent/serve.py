@@ -20,6 +20,7 @@ from swarm.agent.client import READY_FD_ENV, sock_path
 from swarm.agent.daemon import Daemon
 from swarm.agent.held import HeldArtifacts
 from swarm.agent.reporter import report_loop
+from swarm.agent.uplink import UplinkPacer
 from swarm.config import Settings
 from swarm.errors import SwarmError, UsageError
 from swarm.udp import DEFAULT_PORT as UDP_PORT
@@ -167,6 +168,9 @@ async def serve(
     wake = asyncio.Event()
     daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(watch_loop(daemon))]
+    pacer = UplinkPacer.for_address(listen_ip, daemon.session.peer_endpoints, daemon.fetching)
+    if pacer is not None:
+        pacer.start()
     if settings.coordinator:
         tasks.append(asyncio.create_task(report_loop(daemon, wake)))
 
@@ -209,6 +213,8 @@ async def serve(
     finally:
         for task in tasks:
             task.cancel()
+        if pacer is not None:
+            pacer.stop()
         if udp_server:
             await udp_server.close()
         # A stop does not wait for API requests still in flight (a fetch request blocked

@@ -285,6 +285,14 @@ class TorrentSession:
         state.handle.rename_file(0, name)
         return state.renamed.result(timeout)
 
+    def peer_endpoints(self) -> set[tuple[str, int]]:
+        """The (ip, port) of every peer connected to any torrent of the session."""
+        return {
+            (peer.ip[0], peer.ip[1])
+            for state in list(self.torrents.values())
+            for peer in state.handle.get_peer_info()
+        }
+
     def upload_only(self, info_hash: str, on: bool) -> None:
         """Stop (or resume) downloading from peers while still serving them: the S3
         reader takes every missing piece itself (a coordinator's ALL plan), and a peer's

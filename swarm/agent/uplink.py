@@ -1,0 +1,342 @@
+"""A downloading node's uploads paced under its uplink, so that its downloads' ACKs pass.
+
+A node whose uplink is much narrower than its downlink (the slow-uploads fleet: 20 Mbit
+up, 400 down) fills it with BitTorrent uploads, and the uplink's queue then holds the
+ACKs of everything it downloads: a TCP flow is as fast as its ACKs come back. In the
+fleet lab (a host of 5 Mbit up and 100 down, origin 250 Mbit) the host's download from
+the origin ran at 12.0 MB/s with its uplink idle, 5.0-5.6 with one or four unpaced TCP
+uploads filling it (the uplink's queue at 300 KB), and 12.0 again with the same uploads
+paced by the kernel (``SO_MAX_PACING_RATE``) at 0.8-0.9 of the uplink in all: the queue
+stayed empty. libtorrent's own upload limit releases its quota in bursts (15-155 KB
+queued at 85% of the uplink with a 100 ms tick) and did not help.
+
+So while this node fetches, once every sending upload flow has shown a standing queue
+(its smoothed round trip well above its least) for :data:`PROOF_SECONDS` on a link that
+has received far more than it sends and whose sending rate has stopped growing, each of
+libtorrent's peer connections is paced by the kernel at its part of :data:`PACE_SHARE`
+of that rate, split among the connections that had bytes to send lately. libtorrent
+exposes no pacing of its own, but its sockets are this process's file descriptors: the
+pacer finds them by their peers' addresses and sets the option on a duplicate of each
+(closed at once: a held duplicate would keep a connection libtorrent closes open). Once
+nothing is being fetched, the connections are unpaced: a seeder's uploads are its only
+traffic. The interface's counters (:mod:`.linkcount`) measure the link, as libtorrent's
+upload counter does not.
+
+The slow-uploads fleet at a quarter of its rates, ten alternating pairs over three
+versions of this rule (``bench/fleet.py --scenario slow-uploads --rate-scale 0.25
+--systems swarm``): faster in nine, 38.7 s mean against 39.9 with this one (three
+pairs); the nodes' downloads no longer halve while their uploads run. Elsewhere it does
+not engage (swarm-bound, mixed, s3-fast: no side five times narrower).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from swarm.agent.linkcount import SYS_NET, link_interface, route_interface
+
+log = logging.getLogger(__name__)
+
+SO_MAX_PACING_RATE: Final = getattr(socket, "SO_MAX_PACING_RATE", 47)
+"""Linux's per-socket pacing cap, bytes/s (TCP paces itself once it is set)."""
+
+UNPACED: Final = 0xFFFFFFFF
+"""The cap that means none (the kernel's ~0U)."""
+
+TCP_INFO_FIELDS: Final = struct.Struct("=24xI40xI72xII")
+"""``struct tcp_info``: tcpi_unacked (offset 24), tcpi_rtt (68, µs), tcpi_notsent_bytes
+(144), tcpi_min_rtt (148, µs; Linux >= 4.6)."""
+
+PERIOD: Final = 0.5
+"""Seconds between looks."""
+
+RATE_WINDOW: Final = 1.0
+"""The interface's rates are over at least this many seconds (a shaper's burst passes a
+shorter window at more than the link's rate)."""
+
+QUEUE_DELAY: Final = 0.04
+"""Seconds by which every sending upload flow's smoothed round trip exceeds its least
+when a queue stands at this node's uplink: the slow-uploads fleet's held 0.1-0.4 s."""
+
+MIN_FLOWS: Final = 2
+"""Sending flows needed to tell a queue at this node's uplink from one further on."""
+
+ASYMMETRY: Final = 5.0
+"""Only a node that has received at least this multiple of what it sent (the fastest
+seconds of each) paces: there the uplink is the narrow side, and the downloads are what
+its queue would slow. Where both ways are alike, uploads are what the fleet is short of
+and are left whole."""
+
+PACE_SHARE: Final = 0.9
+"""Of the uplink's rate, what the paced connections may send in all (the rest is room
+for the downloads' ACKs and requests)."""
+
+SENDING_SECONDS: Final = 2.0
+"""A connection that had bytes to send this recently gets a share of the budget."""
+
+PROOF_SECONDS: Final = 2.0
+"""A queue must stand this long, with the uplink's rate flat (within :data:`PLATEAU`),
+before pacing starts: a link whose uploads are still ramping up shows a queue and a
+narrow side that are not its own (a swarm-bound node of 200/200 Mbit, sending 2 MB/s
+of its 25 at 1.5 s while S3 gave it 21, with CPU-delayed round trips, paced itself at
+1.9 MB/s)."""
+
+PLATEAU: Final = 1.1
+"""The uplink's rate has stopped growing while it stays under this multiple of what it
+was when the queue was first seen."""
+
+
+@dataclass(frozen=True)
+class FlowInfo:
+    """What the kernel knows of one upload connection (``TCP_INFO``)."""
+
+    queued: bool
+    """It has bytes in flight or waiting to be sent."""
+    rtt: float
+    """Smoothed round trip, seconds."""
+    min_rtt: float
+    """Least round trip seen, seconds (0: unknown)."""
+
+
+def flow_info(sock: socket.socket) -> FlowInfo | None:
+    """``sock``'s TCP_INFO, or None where the kernel gives too little of it."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_FIELDS.size)
+    except OSError:
+        return None
+    if len(raw) < TCP_INFO_FIELDS.size:
+        return None
+    unacked, rtt, notsent, min_rtt = TCP_INFO_FIELDS.unpack_from(raw)
+    return FlowInfo(unacked > 0 or notsent > 0, rtt / 1e6, min_rtt / 1e6)
+
+
+def queue_delay(flows: list[FlowInfo]) -> float:
+    """The standing delay every sending flow sees (the least of theirs): a queue at
+    this node's uplink holds them all, one at a receiver's downlink only the flows to
+    it. 0 with fewer than :data:`MIN_FLOWS` flows sending (one flow cannot tell)."""
+    delays = [f.rtt - f.min_rtt for f in flows if f.queued and f.min_rtt > 0]
+    return min(delays) if len(delays) >= MIN_FLOWS else 0.0
+
+
+def peer_sockets(peers: set[tuple[str, int]]) -> Iterator[socket.socket]:
+    """Duplicates of this process's TCP sockets connected to ``peers`` (ip, port), each
+    closed as the caller asks for the next."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            dup = os.dup(int(name))
+        except (OSError, ValueError):  # closed meanwhile
+            continue
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getpeername()[:2] in peers:
+                yield sock
+        except OSError:  # not connected, or not an internet socket
+            pass
+        finally:
+            sock.close()
+
+
+class LinkRates:
+    """An interface's byte counters as rates over :data:`RATE_WINDOW`, and the fastest."""
+
+    def __init__(self, interface: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interface = interface
+        self._clock = clock
+        self._samples: deque[tuple[float, int, int]] = deque()
+        self.sent = self.received = 0.0
+        self.sent_peak = self.received_peak = 0.0
+
+    def _counter(self, name: str) -> int | None:
+        try:
+            return int((SYS_NET / self.interface / "statistics" / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def sample(self) -> bool:
+        """Read the counters; False if the interface cannot be read."""
+        tx, rx = self._counter("tx_bytes"), self._counter("rx_bytes")
+        if tx is None or rx is None:
+            return False
+        self.add(self._clock(), tx, rx)
+        return True
+
+    def add(self, now: float, tx: int, rx: int) -> None:
+        samples = self._samples
+        samples.append((now, tx, rx))
+        while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW:
+            samples.popleft()
+        then, tx0, rx0 = samples[0]
+        if now - then >= RATE_WINDOW:
+            span = now - then
+            self.sent, self.received = (tx - tx0) / span, (rx - rx0) / span
+            self.sent_peak = max(self.sent_peak, self.sent)
+            self.received_peak = max(self.received_peak, self.received)
+
+
+def narrow_uplink(rates: LinkRates) -> bool:
+    """The link has received at least :data:`ASYMMETRY` times what it sent (the fastest
+    seconds of each): its uplink is the narrow side."""
+    return rates.sent_peak > 0 and ASYMMETRY * rates.sent_peak <= rates.received_peak
+
+
+def first_budget(rates: LinkRates, delay: float) -> float | None:
+    """What the upload connections may send in all (bytes/s), if they are to be paced
+    from now on: a queue stands at the uplink, and it is the link's narrow side. The
+    uplink's rate is what it sends now, its queue full (or the most it ever sent)."""
+    if delay < QUEUE_DELAY or not narrow_uplink(rates):
+        return None
+    return PACE_SHARE * max(rates.sent, rates.sent_peak)
+
+
+class Pacing:
+    """When to pace and at what budget, from one look after another (pure: the pacer
+    feeds it what it measured)."""
+
+    def __init__(self) -> None:
+        self.budget: float | None = None
+        """Bytes/s the upload connections may send in all; None: unpaced."""
+        self._streak: tuple[float, float] | None = None
+        """(since, the uplink's rate then) of the queue seen look after look."""
+
+    def look(self, now: float, rates: LinkRates, delay: float) -> float | None:
+        """The budget after a look while fetching (``delay``: the queue on the upload
+        flows, :func:`queue_delay`)."""
+        if self.budget is not None:
+            return self.budget  # the uplink's rate, proven: it stands for the fetch
+        budget = first_budget(rates, delay)
+        if budget is None:
+            self._streak = None
+            return None
+        if self._streak is None or rates.sent > PLATEAU * self._streak[1]:
+            self._streak = (now, rates.sent)  # a new queue, or the uplink still speeding up
+            return None
+        if now - self._streak[0] < PROOF_SECONDS:
+            return None
+        self.budget = budget
+        return budget
+
+    def done(self) -> None:
+        """Nothing is fetched any more: unpaced, and the next fetch proves its queue anew."""
+        self.budget = self._streak = None
+
+
+class UplinkPacer:
+    """The daemon's pacer: :meth:`step` every :data:`PERIOD` on a thread of its own."""
+
+    def __init__(
+        self,
+        interface: str,
+        peers: Callable[[], set[tuple[str, int]]],
+        fetching: Callable[[], bool],
+    ) -> None:
+        self.rates = LinkRates(interface)
+        self._peers = peers
+        self._fetching = fetching
+        self.pacing = Pacing()
+        self._sending: dict[tuple[str, int], float] = {}
+        """Each peer connection's last look with bytes to send."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="uplink-pacer", daemon=True)
+
+    @classmethod
+    def for_address(
+        cls,
+        listen_ip: str,
+        peers: Callable[[], set[tuple[str, int]]],
+        fetching: Callable[[], bool],
+    ) -> UplinkPacer | None:
+        """A pacer for the interface holding ``listen_ip`` (for 0.0.0.0, the default
+        route's); None where there is none to measure (loopback, no ``/sys``)."""
+        interface = link_interface(listen_ip)
+        if interface is None and listen_ip in ("0.0.0.0", ""):
+            interface = route_interface()  # every address: the default route's link
+        if interface is None or not (SYS_NET / interface / "statistics").is_dir():
+            return None
+        return cls(interface, peers, fetching)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD):
+            try:
+                self.step()
+            except Exception:  # a pacer that fails must not take the daemon with it
+                log.exception("uplink pacer failed; uploads are no longer paced")
+                return
+
+    @property
+    def budget(self) -> float | None:
+        """The uplink's pacing budget, bytes/s, while paced."""
+        return self.pacing.budget
+
+    def step(self) -> None:
+        if not self.rates.sample():
+            return
+        fetching = self._fetching()
+        if self.budget is None and not (fetching and narrow_uplink(self.rates)):
+            self.pacing.done()
+            return  # nothing to pace: no socket looked at (the common case, cheaply)
+        peers = self._peers()
+        if not fetching:
+            log.info("uplink: nothing is fetched any more, uploads unpaced")
+            self.pacing.done()
+            self._cap(peers, UNPACED)
+            return
+        now = time.monotonic()
+        infos = []
+        for sock in peer_sockets(peers):
+            info = flow_info(sock)
+            if info is not None:
+                infos.append(info)
+                if info.queued:
+                    self._sending[sock.getpeername()[:2]] = now
+        delay = queue_delay(infos)
+        # split among the connections that had bytes to send lately, not only now: a
+        # connection between two requests, left at the whole budget, overran the uplink
+        self._sending = {p: t for p, t in self._sending.items() if now - t <= SENDING_SECONDS}
+        sending = len(self._sending)
+        was_paced = self.budget is not None
+        budget = self.pacing.look(now, self.rates, delay)
+        if budget is None:
+            return
+        if not was_paced:
+            log.info(
+                "uplink: a %.0f ms queue on the uploads of a link that received %.0f KB/s "
+                "and sends %.0f: uploads paced, %.0f KB/s in all, while fetching",
+                delay * 1e3, self.rates.received_peak / 1e3, self.rates.sent / 1e3,
+                budget / 1e3,
+            )  # fmt: skip
+        self._cap(peers, max(1, int(budget / max(1, sending))))
+
+    @staticmethod
+    def _cap(peers: set[tuple[str, int]], rate: int) -> None:
+        """Every connection to ``peers`` capped at ``rate`` bytes/s."""
+        value = struct.pack("=I", min(rate, UNPACED))  # unsigned: UNPACED is no C int
+        for sock in peer_sockets(peers):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, value)
+            except OSError:
+                continue
