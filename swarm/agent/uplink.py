@@ -14,7 +14,8 @@ So while this node fetches, once every sending upload flow has shown a standing 
 (its smoothed round trip well above its least) for :data:`PROOF_SECONDS` on a link that
 has received far more than it sends and whose sending rate has stopped growing, each of
 libtorrent's peer connections is paced by the kernel at its part of :data:`PACE_SHARE`
-of that rate, split among the connections that had bytes to send lately. libtorrent
+of that rate, less what else the uplink carries (the downloads' ACKs), split among the
+connections that had bytes to send lately. libtorrent
 exposes no pacing of its own, but its sockets are this process's file descriptors: the
 pacer finds them by their peers' addresses and sets the option on a duplicate of each
 (closed at once: a held duplicate would keep a connection libtorrent closes open). Once
@@ -52,9 +53,9 @@ SO_MAX_PACING_RATE: Final = getattr(socket, "SO_MAX_PACING_RATE", 47)
 UNPACED: Final = 0xFFFFFFFF
 """The cap that means none (the kernel's ~0U)."""
 
-TCP_INFO_FIELDS: Final = struct.Struct("=24xI40xI72xII")
-"""``struct tcp_info``: tcpi_unacked (offset 24), tcpi_rtt (68, µs), tcpi_notsent_bytes
-(144), tcpi_min_rtt (148, µs; Linux >= 4.6)."""
+TCP_INFO_FIELDS: Final = struct.Struct("=24xI40xI48xQ16xII")
+"""``struct tcp_info``: tcpi_unacked (offset 24), tcpi_rtt (68, µs), tcpi_bytes_acked
+(120), tcpi_notsent_bytes (144), tcpi_min_rtt (148, µs; Linux >= 4.6)."""
 
 PERIOD: Final = 0.5
 """Seconds between looks."""
@@ -83,6 +84,9 @@ for the downloads' ACKs and requests)."""
 SENDING_SECONDS: Final = 2.0
 """A connection that had bytes to send this recently gets a share of the budget."""
 
+MIN_UPLOAD_SHARE: Final = 0.25
+"""Of the budget, what the uploads keep whatever else the uplink carries."""
+
 PROOF_SECONDS: Final = 2.0
 """A queue must stand this long, with the uplink's rate flat (within :data:`PLATEAU`),
 before pacing starts: a link whose uploads are still ramping up shows a queue and a
@@ -105,6 +109,8 @@ class FlowInfo:
     """Smoothed round trip, seconds."""
     min_rtt: float
     """Least round trip seen, seconds (0: unknown)."""
+    acked: int = 0
+    """Bytes the peer has acknowledged since the connection opened."""
 
 
 def flow_info(sock: socket.socket) -> FlowInfo | None:
@@ -115,8 +121,8 @@ def flow_info(sock: socket.socket) -> FlowInfo | None:
         return None
     if len(raw) < TCP_INFO_FIELDS.size:
         return None
-    unacked, rtt, notsent, min_rtt = TCP_INFO_FIELDS.unpack_from(raw)
-    return FlowInfo(unacked > 0 or notsent > 0, rtt / 1e6, min_rtt / 1e6)
+    unacked, rtt, acked, notsent, min_rtt = TCP_INFO_FIELDS.unpack_from(raw)
+    return FlowInfo(unacked > 0 or notsent > 0, rtt / 1e6, min_rtt / 1e6, acked)
 
 
 def queue_delay(flows: list[FlowInfo]) -> float:
@@ -161,8 +167,8 @@ class LinkRates:
     def __init__(self, interface: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.interface = interface
         self._clock = clock
-        self._samples: deque[tuple[float, int, int]] = deque()
-        self.sent = self.received = 0.0
+        self._samples: deque[tuple[float, int, int, int]] = deque()
+        self.sent = self.received = self.uploaded = 0.0
         self.sent_peak = self.received_peak = 0.0
 
     def _counter(self, name: str) -> int | None:
@@ -171,23 +177,25 @@ class LinkRates:
         except (OSError, ValueError):
             return None
 
-    def sample(self) -> bool:
-        """Read the counters; False if the interface cannot be read."""
+    def sample(self, uploads: int) -> bool:
+        """Read the counters (``uploads``: what the upload connections have had
+        acknowledged, a running total); False if the interface cannot be read."""
         tx, rx = self._counter("tx_bytes"), self._counter("rx_bytes")
         if tx is None or rx is None:
             return False
-        self.add(self._clock(), tx, rx)
+        self.add(self._clock(), tx, rx, uploads)
         return True
 
-    def add(self, now: float, tx: int, rx: int) -> None:
+    def add(self, now: float, tx: int, rx: int, uploads: int = 0) -> None:
         samples = self._samples
-        samples.append((now, tx, rx))
+        samples.append((now, tx, rx, uploads))
         while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW:
             samples.popleft()
-        then, tx0, rx0 = samples[0]
+        then, tx0, rx0, up0 = samples[0]
         if now - then >= RATE_WINDOW:
             span = now - then
             self.sent, self.received = (tx - tx0) / span, (rx - rx0) / span
+            self.uploaded = (uploads - up0) / span
             self.sent_peak = max(self.sent_peak, self.sent)
             self.received_peak = max(self.received_peak, self.received)
 
@@ -254,6 +262,10 @@ class UplinkPacer:
         self.pacing = Pacing()
         self._sending: dict[tuple[str, int], float] = {}
         """Each peer connection's last look with bytes to send."""
+        self._acked: dict[tuple[str, int], int] = {}
+        """Each peer connection's acknowledged bytes at the last look."""
+        self._uploads = 0
+        """What the peer connections have had acknowledged, in all, since the start."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="uplink-pacer", daemon=True)
 
@@ -293,7 +305,7 @@ class UplinkPacer:
         return self.pacing.budget
 
     def step(self) -> None:
-        if not self.rates.sample():
+        if not self.rates.sample(self._uploads):
             return
         fetching = self._fetching()
         if self.budget is None and not (fetching and narrow_uplink(self.rates)):
@@ -307,12 +319,21 @@ class UplinkPacer:
             return
         now = time.monotonic()
         infos = []
+        acked: dict[tuple[str, int], int] = {}
         for sock in peer_sockets(peers):
             info = flow_info(sock)
             if info is not None:
                 infos.append(info)
+                peer = sock.getpeername()[:2]
+                acked[peer] = info.acked
                 if info.queued:
-                    self._sending[sock.getpeername()[:2]] = now
+                    self._sending[peer] = now
+        self._uploads += sum(
+            max(0, count - self._acked[peer])
+            for peer, count in acked.items()
+            if peer in self._acked
+        )
+        self._acked = acked
         delay = queue_delay(infos)
         # split among the connections that had bytes to send lately, not only now: a
         # connection between two requests, left at the whole budget, overran the uplink
@@ -329,7 +350,11 @@ class UplinkPacer:
                 delay * 1e3, self.rates.received_peak / 1e3, self.rates.sent / 1e3,
                 budget / 1e3,
             )  # fmt: skip
-        self._cap(peers, max(1, int(budget / max(1, sending))))
+        # what else leaves by the uplink (the downloads' ACKs and requests: up to a third
+        # of a 5 Mbit uplink for a 100 Mbit download) comes out of the uploads' part
+        others = max(0.0, self.rates.sent - self.rates.uploaded)
+        uploads = max(MIN_UPLOAD_SHARE * budget, budget - others)
+        self._cap(peers, max(1, int(uploads / max(1, sending))))
 
     @staticmethod
     def _cap(peers: set[tuple[str, int]], rate: int) -> None:

@@ -87,7 +87,7 @@ def download_while_uploading(lab: Lab, origin: Host, a: Host, b: Host, pace: boo
             ready, _, _ = select.select([uploader.stdout], [], [], UPLOAD_SECONDS)
             line = uploader.stdout.readline().split() if ready else []
             assert line[:1] == ["paced"], f"the uploads were not paced: {line}"
-            time.sleep(1)  # the queue built before the pacer's proof drains (0.4 s)
+            time.sleep(2)  # the queue built before the pacer's proof drains (0.4 s)
             assert 0.3 * 625_000 < int(line[1]) < 625_000  # under the 5 Mbit uplink
         return measure_tcp(origin, a, 20 << 20, port=5997)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import boto3
@@ -63,7 +64,15 @@ def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
         assert held and all(at_zero for _, at_zero in held)  # while the GET ran
         released = [pieces for pieces, on, _ in calls if not on and pieces]
         assert sorted(map(sorted, released)) == sorted(sorted(p) for p, _ in held)
-        priorities = session.torrents[manifest.info_hash].handle.get_piece_priorities()
-        assert list(priorities) == [DEFAULT_PIECE_PRIORITY] * PIECES  # all let go
+        # all let go (asked of libtorrent until it says so: a loaded CI machine once read
+        # them all at 0 right after the reader's end, as it did not here in four runs)
+        handle = session.torrents[manifest.info_hash].handle
+        deadline = time.monotonic() + 5
+        while (
+            list(handle.get_piece_priorities()) != [DEFAULT_PIECE_PRIORITY] * PIECES
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert list(handle.get_piece_priorities()) == [DEFAULT_PIECE_PRIORITY] * PIECES
     finally:
         daemon.close()
