@@ -40,7 +40,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -134,19 +134,24 @@ def queue_delay(flows: list[FlowInfo]) -> float:
     return min(delays) if len(delays) >= MIN_FLOWS else 0.0
 
 
-def peer_sockets(peers: set[tuple[str, int]]) -> Iterator[socket.socket]:
-    """Duplicates of this process's TCP sockets connected to ``peers`` (ip, port), each
-    closed as the caller asks for the next."""
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in names:
+def peer_sockets(
+    peers: set[tuple[str, int]], among: Iterable[int] | None = None
+) -> Iterator[tuple[int, socket.socket]]:
+    """This process's TCP sockets connected to ``peers`` (ip, port): each one's file
+    descriptor and a duplicate of it, closed as the caller asks for the next. ``among``:
+    only these descriptors (found by an earlier call; one that was closed and reused
+    meanwhile is left out by its peer), not every one of the process's."""
+    if among is None:
         try:
-            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+            among = (int(name) for name in os.listdir("/proc/self/fd"))
+        except OSError:
+            return
+    for fd in among:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 continue
-            dup = os.dup(int(name))
-        except (OSError, ValueError):  # closed meanwhile
+            dup = os.dup(fd)
+        except OSError:  # closed meanwhile
             continue
         try:
             sock = socket.socket(fileno=dup)
@@ -155,7 +160,7 @@ def peer_sockets(peers: set[tuple[str, int]]) -> Iterator[socket.socket]:
             continue
         try:
             if sock.type == socket.SOCK_STREAM and sock.getpeername()[:2] in peers:
-                yield sock
+                yield fd, sock
         except OSError:  # not connected, or not an internet socket
             pass
         finally:
@@ -321,7 +326,9 @@ class UplinkPacer:
         now = time.monotonic()
         infos = []
         acked: dict[tuple[str, int], int] = {}
-        for sock in peer_sockets(peers):
+        found: list[int] = []  # capped below without a second look at every descriptor
+        for fd, sock in peer_sockets(peers):
+            found.append(fd)
             info = flow_info(sock)
             if info is not None:
                 infos.append(info)
@@ -355,13 +362,14 @@ class UplinkPacer:
         # of a 5 Mbit uplink for a 100 Mbit download) comes out of the uploads' part
         others = max(0.0, self.rates.sent - self.rates.uploaded)
         uploads = max(MIN_UPLOAD_SHARE * budget, budget - others)
-        self._cap(peers, max(1, int(uploads / max(1, sending))))
+        self._cap(peers, max(1, int(uploads / max(1, sending))), found)
 
     @staticmethod
-    def _cap(peers: set[tuple[str, int]], rate: int) -> None:
-        """Every connection to ``peers`` capped at ``rate`` bytes/s."""
+    def _cap(peers: set[tuple[str, int]], rate: int, among: Iterable[int] | None = None) -> None:
+        """Every connection to ``peers`` (among those descriptors) capped at ``rate``
+        bytes/s."""
         value = struct.pack("=I", min(rate, UNPACED))  # unsigned: UNPACED is no C int
-        for sock in peer_sockets(peers):
+        for _, sock in peer_sockets(peers, among):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, value)
             except OSError:

@@ -107,9 +107,11 @@ def test_the_pacer_caps_this_process_connections_to_its_peers(
     client, accepted = connection
     peer = client.getpeername()[:2]
     before = open_fds()
-    found = [s.getsockname() for s in peer_sockets({peer})]
-    assert found == [client.getsockname()]  # the other end's peer is another address
+    found = [(fd, s.getsockname()) for fd, s in peer_sockets({peer})]
+    assert found == [(client.fileno(), client.getsockname())]  # the other end's peer differs
     assert open_fds() == before  # every duplicate closed
+    among = [fd for fd, _ in peer_sockets({peer}, [accepted.fileno(), client.fileno(), 9999])]
+    assert among == [client.fileno()]  # only the descriptors asked for, and open ones
     UplinkPacer._cap({peer}, 123_456)
     assert pacing_rate(client) == 123_456
     assert pacing_rate(accepted) != 123_456
