@@ -29,7 +29,8 @@ moment instead: when they fall well below the peaks (:func:`s3_slowed`), the ori
 rates are measured afresh.
 
 A report costs O(1) (one node's entry replaced); the allocation is recomputed from the
-entries at most every ``SNAPSHOT_PERIOD`` seconds per artifact, O(fleet) then. The book
+entries at most every ``SNAPSHOT_PERIOD`` seconds per artifact, O(fleet) then (and once
+more per period for ALL alone while pieces are still leaving the origin). The book
 lives in this process: with several coordinators behind one name, each allocates from
 the nodes that report to it, a sample of the fleet whose per-node averages are the
 fleet's; S3's aggregate then counts this coordinator's readers, which errs towards
@@ -153,6 +154,8 @@ class _Artifact:
     snapshot: Snapshot | None = None
     """What the allocation was computed from (shown in the fleet view)."""
     at: float = -math.inf
+    all_only_at: float = -math.inf
+    """When a snapshot was last taken for ALL alone (``allocation(only_all=True)``)."""
     peers_since: float | None = None
     """When a fetching node was first seen receiving from peers."""
     mix_since: float | None = None
@@ -237,6 +240,7 @@ class CapacityBook:
                 # fetched alone and left ALL behind; the far nodes then read everything
                 # over the WAN and nothing from each other.
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
+                art.all_only_at = -math.inf
                 art.mix_since, art.all_since = None, None
                 art.origin_peak, art.together = 0.0, 0.0
                 art.s3_rates.clear()
@@ -296,17 +300,30 @@ class CapacityBook:
                 art.cohort_start = min(art.cohort_start, started)
 
     def allocation(
-        self, info_hash: str, s3_per_reader: float | None, readers: int, now: float
+        self,
+        info_hash: str,
+        s3_per_reader: float | None,
+        readers: int,
+        now: float,
+        *,
+        only_all: bool = False,
     ) -> Allocation | None:
         """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``; None
         until S3's rate and the swarm's are both known. A snapshot that cannot tell
-        (no peer traffic) keeps the last allocation."""
+        (no peer traffic) keeps the last allocation. ``only_all``: keep the new plan
+        only if it is ALL (else return the last allocation): pieces are still leaving
+        the origin, and only ALL is sure by then (see :class:`StripePlanner`)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return None
-        if now - art.at < SNAPSHOT_PERIOD:
+        # (its own clock for ALL alone: the first allocation proper is not held back
+        # a period by the ALL-only snapshot before it)
+        if now - (art.all_only_at if only_all else art.at) < SNAPSHOT_PERIOD:
             return art.allocation
-        art.at = now
+        if only_all:
+            art.all_only_at = now
+        else:
+            art.at = now
         # What the cohort has read from S3 since its first fetch started: the origin gave
         # at least that on average (the s3-fast fleet read the whole object from it in a
         # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
@@ -354,6 +371,8 @@ class CapacityBook:
             )  # fmt: skip
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
             plan = allocate(snap)
+            if only_all and plan.mode is not Mode.ALL:
+                return art.allocation
             if (
                 plan.mode is not Mode.ALL
                 and art.all_since is not None

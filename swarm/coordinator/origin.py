@@ -311,11 +311,22 @@ class StripePlanner:
         if self.origin_rate == math.inf:
             # the operator says S3 feeds every node at link speed: nothing to measure
             mode = Mode.ALL
-        elif done.spread:
+        elif not done.spread:
+            # Pieces are still leaving the origin: stripes (distinct pieces, read at full
+            # width) are right in every shape but one, and the snapshot needs them (a
+            # node's download capacity shows once peers add to its S3 reads). Once it
+            # does, an origin that fed every link at once is ALL at the next snapshot,
+            # with pieces left to stripe or not: s3-fast at a quarter (stripes of 8 MiB
+            # at 2-3 MB/s, S3 and peers sharing each downlink) spread the object only
+            # 10 s in and went ALL then; ALL 4.5 s in, 19.78-19.91 s against
+            # 20.10-20.63 (three pairs). Other plans wait for the spread (below).
+            readers = len(view.reader_s3)
+            early = self.capacity.allocation(info_hash, estimate, readers, now, only_all=True)
+            if early is not None and early.mode is AllocationMode.ALL:
+                mode = Mode.ALL
+        else:
             # Every piece has left the origin (or is on its way): from here what S3
-            # still gives is the allocation's direct share. Before, stripes are right in
-            # every shape (distinct pieces, read at full width), and the snapshot needs
-            # them: a node's download capacity shows once peers add to its S3 reads.
+            # still gives is the allocation's direct share.
             readers = len(view.reader_s3)
             allocation = self.capacity.allocation(info_hash, estimate, readers, now)
             if allocation is not None and allocation.mode is AllocationMode.ALL:

@@ -178,6 +178,34 @@ def test_s3_at_link_speed_means_all_once_the_stripes_are_spread():
     assert a.mode is Mode.ALL and b.mode is Mode.ALL and b.s3_estimate
 
 
+def test_s3_that_fed_every_link_at_once_means_all_before_the_stripes_are_spread():
+    """s3-fast at a quarter of its rates: the six stripes left S3 at the nodes' link
+    speed in the first second, then S3 and peers shared each downlink, and stripes
+    of 8 MiB at 2-3 MB/s spread the 128 MiB only 10 s in; the plan waited for that to
+    say ALL. Once peers have had their warm-up, an origin that filled every link at
+    once is ALL whether or not every piece has left it. Where the origin is the
+    bottleneck, the same seconds stay on stripes."""
+
+    def modes(s3_first: float, s3_then: float, peers: float) -> set[Mode]:
+        planner = StripePlanner(stripe_bytes=8 * MiB)
+        nodes = [f"n{i}" for i in range(6)]
+        for node in nodes:
+            _plan(planner, node, count=1024, now=0.0)
+        seen: set[Mode] = set()
+        for t in range(1, 6):
+            s3 = s3_first + s3_then * (t - 1)
+            got = peers * (t - 1)
+            for i, node in enumerate(nodes):
+                plan = _plan(planner, node, count=1024, now=t + i / 100, s3=int(s3), peers=int(got))
+                seen.add(plan.mode)
+        return seen
+
+    # links of 7 MiB/s: S3 gave each 7 MiB in the first second, then shared the link
+    assert Mode.ALL in modes(7 * MiB, 3.5 * MiB, 3.5 * MiB)
+    # an origin of 6 MiB/s for six nodes of 7: a reader gets 1, peers relay the rest
+    assert Mode.ALL not in modes(1 * MiB, 1 * MiB, 6 * MiB)
+
+
 def test_origin_bound_start_neither_reads_all_nor_fills():
     """CI saw the origin send 1.8 x F to 4 nodes behind a 100 Mbit origin: the first two
     nodes took the 16 MiB object as their stripes and read it at 6 MiB/s each, a rate
