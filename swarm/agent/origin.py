@@ -183,13 +183,15 @@ def read_origin(
         config = S3SourceConfig(*shapes[batch.kind])
         # An ALL batch is everything missing: read to its end, it kept the node on a
         # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
-        # next piece once the plan is no longer ALL. A WIDE batch stops once the plan is
-        # ALL: read to its end (32 pieces), it kept s3-fast's nodes up to two seconds
-        # longer on libtorrent's path and their peers after the coordinator said ALL.
+        # next piece once the plan is no longer ALL. A WIDE or stripe batch stops once
+        # the plan is ALL: read to its end (32 pieces), a WIDE one kept s3-fast's nodes up
+        # to two seconds longer on libtorrent's path and their peers after the
+        # coordinator said ALL; a stripe (2 s of the node's S3 rate as it read alone,
+        # read at a third of it beside peers) up to four at a quarter of its rates.
         stop = None
         if planned and batch.kind is BatchKind.ALL:
             stop = all_taken_back
-        elif planned and batch.kind is BatchKind.WIDE:
+        elif planned and batch.kind in (BatchKind.WIDE, BatchKind.STRIPE):
             stop = all_given
         if yield_to_udp:  # and any batch stops once UDP carries the WAN (see below)
             stop = _either(stop, artifact.udp_carries_wan)
