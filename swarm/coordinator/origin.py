@@ -72,6 +72,21 @@ more than the pieces it may read twice (slow-uploads: 7 s of it lacking; s3-fast
 lacking 8 MiB at its stripe's end, 2 s of its S3 peak of 4.2 MB/s) widened at 2 s and
 its origin sent 1.39 F; peers relay those pieces at link speed."""
 
+EAGER_UPLOAD_SHARE: Final = 0.5
+"""...and only while S3 gives a reader at least this share of what the node has shown
+it can upload: where uploads are the larger part of the fleet's capacity, peers like it
+soon give it more than S3 would, and reading S3 meanwhile takes the origin from the
+stripes. The mixed fleet at a quarter of its rates (S3 1.3-1.5 MB/s a reader, nodes
+uploading 3-5): the node or two that widened at their stripes' end, 4-6 s in, read
+38 pieces at the origin's slow rate, held 19-24 MB at 12 s against 39-63 for the
+others, and finished 2-5 s after them. Alternating pairs (`bench/fleet.py --scenario
+mixed --rate-scale 0.25 --systems swarm`): 34.50-37.41 s against 35.96-39.29 (four
+against three), the nodes' mean 32.8-33.4 against 33.4-35.6; slow uploads, whose
+readers get 2-3 times what their 5 Mbit uplinks send, 38.22-38.79 against 38.48-38.69.
+Comparing with the upload itself (a share of 1) took that from slow uploads too: a
+node's upload peak there, over one interval, reached S3's rate a reader (39.15-41.96 s
+against 39.06-39.19)."""
+
 PEERS_CHANCE_SECONDS: Final = 3.0
 """Before an allocation, a node that has read nothing from the origin, beside seeders or
 while other nodes read their stripes, widens only after its peers were slow this long
@@ -264,6 +279,7 @@ class StripePlanner:
             before_allocation
             and estimate is not None
             and lacking >= max(estimate, rates.s3_peak) * EAGER_WIDE_SECONDS
+            and estimate >= EAGER_UPLOAD_SHARE * rates.up_peak
             and not among_seeders
             and not waits_on_peers
         )

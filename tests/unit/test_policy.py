@@ -277,6 +277,28 @@ def test_a_node_lacking_much_widens_at_its_stripes_end_before_an_allocation():
     assert a.mode is Mode.WIDE
 
 
+def test_a_node_whose_uploads_outrun_s3_does_not_widen_at_its_stripes_end():
+    """The mixed fleet at a quarter: S3 gave a reader 1.3-1.5 MB/s and the nodes uploaded
+    3-5; those that widened at their stripes' end read slowly from the busy origin and
+    finished last. A node uploading over twice what S3 gives a reader waits the hold
+    (peers like it soon give it more)."""
+    planner = StripePlanner(stripe_bytes=16 * MiB)
+    nodes = "abcdefgh"
+
+    def report(node: str, now: float, held: int = 0, s3: int = 0, uploaded: int = 0):
+        return planner.plan(
+            node, "ab" * 20, piece_size=MiB, count=128, held=held, complete=False,
+            counters={"s3": s3, "peers": MiB if now else 0}, up_rate=0.0, now=now,
+            uploaded=uploaded,
+        )  # fmt: skip
+
+    for node in nodes:
+        assert report(node, 0.0).stripe
+    for i, node in enumerate(nodes):  # 16 MiB/s from S3, 48 MiB/s of uploads
+        plan = report(node, 1.0, ((1 << 16) - 1) << 16 * i, 16 * MiB, 48 * MiB)
+        assert not plan.stripe and plan.mode is Mode.STRIPE, node
+
+
 def test_among_seeders_a_late_node_does_not_widen_at_once():
     """CI's late-node test (a LAN, two seeders): widened at its first reports, before an
     allocation, a late node read 5-10 of 24 pieces from S3 that the seeders sent too."""
