@@ -84,7 +84,7 @@ mixed --rate-scale 0.25 --systems swarm`): 34.50-37.41 s against 35.96-39.29 (fo
 against three), the nodes' mean 32.8-33.4 against 33.4-35.6; slow uploads, whose
 readers get 2-3 times what their 5 Mbit uplinks send, 38.22-38.79 against 38.48-38.69.
 Comparing with the upload itself (a share of 1) took that from slow uploads too: a
-node's upload peak there, over one interval, reached S3's rate a reader (39.15-41.96 s
+node's upload peak there, over one interval, reached S3's rate a reader (40.63-41.96 s
 against 39.06-39.19)."""
 
 PEERS_CHANCE_SECONDS: Final = 3.0
