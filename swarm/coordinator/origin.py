@@ -334,8 +334,8 @@ class StripePlanner:
             # does, an origin that fed every link at once is ALL at the next snapshot,
             # with pieces left to stripe or not: s3-fast at a quarter (stripes of 8 MiB
             # at 2-3 MB/s, S3 and peers sharing each downlink) spread the object only
-            # 10 s in and went ALL then; ALL 4.5 s in, 19.78-19.91 s against
-            # 20.10-20.63 (three pairs). Other plans wait for the spread (below).
+            # 10 s in and went ALL then; ALL 4.5 s in, 19.78-20.15 s against
+            # 19.79-20.63 (five pairs, faster in four). Other plans wait for the spread.
             readers = len(view.reader_s3)
             early = self.capacity.allocation(info_hash, estimate, readers, now, only_all=True)
             if early is not None and early.mode is AllocationMode.ALL:
