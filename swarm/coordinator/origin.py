@@ -324,6 +324,7 @@ class StripePlanner:
             # its stripe ended with this report (it read the origin until now): it widens
             # now, as it would at its next report, a second later
             mode = decide(state, delivered, estimate, lacking, now, 0.0).mode
+        readers = len(view.reader_s3)
         if self.origin_rate == math.inf:
             # the operator says S3 feeds every node at link speed: nothing to measure
             mode = Mode.ALL
@@ -336,14 +337,12 @@ class StripePlanner:
             # at 2-3 MB/s, S3 and peers sharing each downlink) spread the object only
             # 10 s in and went ALL then; ALL 4.5 s in, 19.78-20.15 s against
             # 19.79-20.63 (five pairs, faster in four). Other plans wait for the spread.
-            readers = len(view.reader_s3)
             early = self.capacity.allocation(info_hash, estimate, readers, now, only_all=True)
             if early is not None and early.mode is AllocationMode.ALL:
                 mode = Mode.ALL
         else:
             # Every piece has left the origin (or is on its way): from here what S3
             # still gives is the allocation's direct share.
-            readers = len(view.reader_s3)
             allocation = self.capacity.allocation(info_hash, estimate, readers, now)
             if allocation is not None and allocation.mode is AllocationMode.ALL:
                 mode = Mode.ALL
