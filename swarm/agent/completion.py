@@ -17,13 +17,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import libtorrent as lt
-
 from swarm.agent import finisher, registry, treefs
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.registry import Artifact
 from swarm.errors import IntegrityError, SwarmError
-from swarm.sources.peers import TorrentSession
+from swarm.sources.peers import CHECKING, TorrentSession
 
 log = logging.getLogger(__name__)
 
@@ -119,15 +117,11 @@ class Completion:
         If the check finds pieces missing (an unclean stop lost writes), the file is no
         longer what was verified: it is repaired in place and hashed whole again."""
         state = self.session.torrents[artifact.info_hash]
-        checking = {
-            lt.torrent_status.states.checking_files,
-            lt.torrent_status.states.checking_resume_data,
-        }
         while not state.finished.wait(0.25):
             if artifact.cancel.is_set():
                 return
             status = state.status
-            if status is not None and status.state not in checking and not status.is_seeding:
+            if status is not None and status.state not in CHECKING and not status.is_seeding:
                 log.warning(
                     "%s lost pieces: repairing it, then hashing it again", artifact.manifest.name
                 )

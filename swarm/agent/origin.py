@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import libtorrent as lt
-
 from swarm.agent.direct import DirectSink
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
@@ -27,7 +25,7 @@ from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
 from swarm.sources import PieceSink
-from swarm.sources.peers import TorrentSession, TorrentState
+from swarm.sources.peers import CHECKING, TorrentSession, TorrentState
 from swarm.sources.s3 import S3Source, S3SourceConfig
 from swarm.sources.s3width import GetWidth
 
@@ -52,10 +50,6 @@ AWS advises 8-16 MiB)."""
 PLAN_TTL = 3.0
 """A coordinator plan older than this (three missed reports) is stale: the node decides
 alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
-
-CHECKING = frozenset(
-    {lt.torrent_status.states.checking_files, lt.torrent_status.states.checking_resume_data}
-)
 
 IN_FLIGHT_TTL = 1.0
 """Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate

@@ -36,6 +36,12 @@ STATUS_INTERVAL = 0.5
 
 ADD_PIECE_TIMEOUT = 60.0
 
+CHECKING = frozenset(
+    {lt.torrent_status.states.checking_files, lt.torrent_status.states.checking_resume_data}
+)
+"""The states in which libtorrent looks at the file: it drops every piece handed to it
+meanwhile (``torrent::add_piece`` returns at once, no alert)."""
+
 
 def strip_web_seeds(torrent: bytes) -> lt.torrent_info:
     """A torrent_info without the ``url-list``: the daemon reads S3 itself (signed, striped),
@@ -80,6 +86,13 @@ class TorrentState:
     error_errno: int | None = None
     """The OS error number behind ``error`` (ENOSPC: the disk is full), if any."""
     pending: dict[int, Future[bool]] = field(default_factory=dict)
+    checking: bool = True
+    """libtorrent is checking the file: its state when the torrent was added, then its
+    ``state_changed_alert``s."""
+    deferred: dict[int, bytes] = field(default_factory=dict)
+    """Pieces handed over while ``checking``, for libtorrent once it is done: it would
+    drop them, and their futures would wait out their timeout (a loaded CI machine still
+    checked a new torrent when the S3 reader's first pieces came)."""
     peer_hash_failures: int = 0
     """Pieces from peers that failed their hash check (libtorrent refetches them)."""
     peers_banned: int = 0
@@ -225,6 +238,9 @@ class TorrentSession:
         state = TorrentState(info_hash, handle, count=manifest.layout.count)
         with self._lock:
             self.torrents[info_hash] = state
+            # The check may have ended already, its state_changed_alert dropped by the
+            # alert loop (no state yet); the later ones wait for the lock, in order.
+            state.checking = handle.status().state in CHECKING
         # Its first status now, not at the alert loop's next round (up to STATUS_INTERVAL):
         # the S3 reader of a lone node waits for it before writing the file itself.
         self.session.post_torrent_updates()
@@ -253,8 +269,23 @@ class TorrentSession:
                 return future  # already on its way (another source was as fast)
             future = Future()
             state.pending[index] = future
+            if state.checking:
+                state.deferred[index] = data
+                return future
         state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
         return future
+
+    def _checked(self, state: TorrentState, now: Any) -> None:
+        """The torrent entered the state ``now``: out of checking, the pieces deferred
+        meanwhile go to libtorrent (in the alert thread, as ``state_changed_alert``s come,
+        in order: a status snapshot may be older than a recheck)."""
+        with self._lock:
+            state.checking = now in CHECKING
+            if state.checking:
+                return
+            deferred, state.deferred = state.deferred, {}
+        for index, data in deferred.items():
+            state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
 
     def flush(self, info_hash: str, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Wait until every piece libtorrent holds now is written to the file (readable by
@@ -448,6 +479,11 @@ class TorrentSession:
                         state.note_arrival()  # pieces from a check, or alerts dropped
                     if status.is_seeding:  # also covers a torrent restored complete
                         self._finishing(state)
+            return
+        if isinstance(alert, lt.state_changed_alert):
+            state = self._state_of(alert.handle)
+            if state:
+                self._checked(state, alert.state)
             return
         if isinstance(alert, lt.piece_finished_alert | lt.hash_failed_alert):
             state = self._state_of(alert.handle)

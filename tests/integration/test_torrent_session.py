@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.origin import CHECKING, writing_directly
+from swarm.agent.origin import writing_directly
 from swarm.agent.registry import Artifact
 from swarm.manifest import Manifest
-from swarm.sources.peers import TorrentSession
+from swarm.sources.peers import CHECKING, TorrentSession
 from tests.conftest import make_artifact
 
 PIECE = 256 << 10
@@ -62,6 +62,32 @@ def test_a_torrent_finishes_only_once_pieces_held_back_from_peers_are_in(
     session.hold_back(info_hash, [0], False)  # as the reader does after its batch
     got = (tmp_path / "data.bin").read_bytes()
     assert hashlib.sha256(got).hexdigest() == manifest.sha256
+
+
+def test_pieces_handed_over_while_libtorrent_checks_the_file_are_kept(
+    session: TorrentSession, tmp_path: Path
+) -> None:
+    # libtorrent drops a piece handed to it while it checks the torrent's file (no alert,
+    # no error): a loaded CI machine was still checking a new torrent when the first
+    # pieces came, and the reader waited out its timeout. The session keeps them until
+    # the check ends. A stale 256 MiB file at the data path makes the check last (~0.25 s
+    # here).
+    piece_size, count, handed = 1 << 20, 256, 8
+    src = make_artifact(tmp_path / "big.bin", piece_size * count)
+    manifest = Manifest.from_file(
+        src, name="big.bin", piece_size=piece_size, bucket="b", key="big.bin", web_seed=None
+    )
+    with (tmp_path / "data.bin").open("wb") as stale:
+        stale.truncate(piece_size * count)
+    with src.open("rb") as source:
+        pieces = [source.read(piece_size) for _ in range(handed)]
+    state = session.add(manifest, tmp_path / "data.bin", [])
+    futures = [
+        session.add_piece_async(manifest.info_hash, index, pieces[index]) for index in range(handed)
+    ]
+    assert state.handle.status().state in CHECKING, "the check ended before the pieces came"
+    assert all(future.result(30) for future in futures)
+    assert all(state.has(index) for index in range(handed))
 
 
 def test_pieces_held_back_at_a_restart_are_wanted_again(tmp_path: Path) -> None:
