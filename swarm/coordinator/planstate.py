@@ -147,6 +147,10 @@ class Commit:
     now: float
     stall_seconds: float
     max_readers: int
+    streaming: bool = False
+    """The node's S3 bytes grew since its last report: a stripe it holds is being read,
+    whether or not a piece of it finished (see :data:`~swarm.coordinator.origin.
+    STALL_SECONDS`)."""
 
 
 @dataclass(frozen=True)
@@ -290,8 +294,9 @@ class MemoryPlanState(PlanState):
             self._count(art, old & ~new, -1)
         for piece in set_bits(gained & art.assigned):
             self._unassign(art, piece)
-        if len(art.stripes.get(node, ())) < art.stripe_len.get(node, 0):
-            art.progress_at[node] = now  # pieces of its stripe arrived (here or anywhere)
+        stripe = art.stripes.get(node, ())
+        if len(stripe) < art.stripe_len.get(node, 0) or (stripe and change.streaming):
+            art.progress_at[node] = now  # pieces of its stripe arrived, or S3's bytes flow
         self._release_stalled(art, now, change.stall_seconds)
         art.rates[node] = change.rates
         if change.estimate is not None or art.estimate is not None:

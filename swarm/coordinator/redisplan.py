@@ -202,6 +202,7 @@ class RedisPlanState(PlanState):
                 ",".join(map(str, set_bits(old & ~new))),
                 k("stripe", ih, ""),
                 ",".join(map(str, set_bits(old & new))),
+                int(change.streaming),
             ],
         )
         return Committed(sorted(int(p) for p in reply[1:]), bool(reply[0]))

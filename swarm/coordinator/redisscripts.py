@@ -281,6 +281,7 @@ return out
 # ARGV: 1 node 2 ih 3 now 4 stall 5 max_readers 6 complete 7 wide 8 want 9 held bytes
 #       10 rec json 11 estimate ('' = none) 12 s3 rate 13 count 14 entry cost
 #       15 added pieces 16 removed pieces 17 stripe key prefix 18 kept pieces
+#       19 streaming (1: the node's S3 bytes grew since its last report)
 # -> {spread, stripe pieces...}
 COMMIT = (
     _PLAN_HELPERS
@@ -310,7 +311,8 @@ for p in string.gmatch(added, '%d+') do
   end
 end
 count_bits(KEYS[2], KEYS[3], '', removed)
-if redis.call('SCARD', KEYS[13]) < tonumber(redis.call('HGET', KEYS[8], node) or '0') then
+local mine = redis.call('SCARD', KEYS[13])
+if mine < tonumber(redis.call('HGET', KEYS[8], node) or '0') or (mine > 0 and ARGV[19] == '1') then
   redis.call('HSET', KEYS[7], node, ARGV[3])
 end
 for _, n in ipairs(redis.call('SMEMBERS', KEYS[6])) do

@@ -30,6 +30,7 @@ from tests.swarmnet import SWARM, Swarm, done_event, get_json
 from tests.unit.test_coordinator_scale import (
     HASH,
     MiB,
+    flowing_bytes_are_progress,
     plan,
     steps,
     stops_listing_leaves_the_union,
@@ -121,6 +122,10 @@ def test_redis_plan_state_matches_memory(redis_url: str, steps) -> None:
 
 def test_redis_an_artifact_a_node_stops_listing_leaves_the_union(client: redis.Redis) -> None:
     stops_listing_leaves_the_union(RedisPlanState(client))
+
+
+def test_redis_flowing_bytes_are_progress(client: redis.Redis) -> None:
+    flowing_bytes_are_progress(RedisPlanState(client))
 
 
 def test_two_planners_on_one_redis_hand_out_disjoint_stripes(client: redis.Redis) -> None:

@@ -205,6 +205,25 @@ def test_an_artifact_a_node_stops_listing_leaves_the_union() -> None:
     assert state.known_nodes() == {"a", "b"}
 
 
+def flowing_bytes_are_progress(state: PlanState) -> None:
+    """A stripe whose S3 bytes flow is not stalled, a piece finished or not: at a slow
+    origin's share (eight readers of 25 Mbit) a reader's first piece came after the
+    stall, and its stripe went to another node while it read on. A reader with neither
+    still loses it. Shared with the Redis plan state's test."""
+    planner = StripePlanner(stripe_bytes=8 * MiB, stall_seconds=5.0, state=state)
+    a = plan(planner, "a", 0, 0.0).stripe
+    b = plan(planner, "b", 0, 0.0).stripe
+    for second in range(1, 6):
+        plan(planner, "a", 0, float(second), s3=second * 300_000)  # 300 KB/s
+        plan(planner, "b", 0, float(second))  # nothing
+    c = plan(planner, "c", 0, 5.5).stripe  # b stalled 5.5 s
+    assert c == b and a == list(range(8))
+
+
+def test_flowing_bytes_are_progress() -> None:
+    flowing_bytes_are_progress(MemoryPlanState())
+
+
 # -- tracker: a large swarm ----------------------------------------------------------------
 
 
