@@ -294,7 +294,7 @@ def test_an_origin_that_fed_every_link_at_once_is_all() -> None:
         return book.allocation("ih", 100 * MBIT, readers=2, now=PEERS_WARMUP)
 
     # nodes start a little apart: their stripes overlap in part
-    fast = plan(6, 250, [220] * 6, together=1000)
+    fast = plan(6, 250, [220] * 6, together=1300)
     assert fast is not None and fast.mode is Mode.ALL
     # origin-bound: 100 Mbit for 8 nodes of 200; the first reader had it alone
     bound = plan(8, 200, [100] + [12.5] * 7, together=100)
@@ -302,6 +302,26 @@ def test_an_origin_that_fed_every_link_at_once_is_all() -> None:
     # each node filled its link, but one after another: one link at a time
     apart = plan(6, 250, [250] * 6, together=250)
     assert apart is not None and apart.mode is not Mode.ALL
+    # swarm-bound at a quarter: 250 Mbit for eight nodes of 50, each reader near its
+    # link in the first second; the origin feeds five of the eight links, not all
+    most = plan(8, 50, [44] * 8, together=250)
+    assert most is not None and most.mode is not Mode.ALL
+
+
+def test_a_share_of_a_slow_origin_is_not_a_link_filled() -> None:
+    """Origin-bound at a quarter of its rates, before peers gave much and before every
+    piece left the origin: six of eight nodes had received only their S3 share (3
+    Mbit), so their peaks showed it as their links; the two that had sent pieces to
+    peers showed the links (50 Mbit). Neither the early ALL's test (:func:`~swarm.
+    coordinator.links.fed_every_link`) nor an allocation on those peaks says ALL."""
+    book = CapacityBook()
+    names = [f"n{i}" for i in range(8)]
+    _report(book, names[:6], down=3, up=0, peers=1, s3=3)
+    _report(book, names[6:], down=10, up=50, peers=1, s3=3)
+    delivered(book, names, 24)
+    book.allocation("ih", 3 * MBIT, readers=8, now=0.0, only_all=True)
+    plan = book.allocation("ih", 3 * MBIT, readers=8, now=PEERS_WARMUP, only_all=True)
+    assert plan is None or plan.mode is not Mode.ALL
 
 
 def test_stripes_read_together_count_though_the_first_snapshot_comes_after_them() -> None:
