@@ -25,15 +25,21 @@ S3_AS_FAST: Final = 1.0
 """S3 counts as unlimited while a reader gets at least this multiple of what the swarm
 gives a node (medians)."""
 
+FLEET_LINK_SHARE: Final = 0.5
+"""S3 fed every link only if it gave most nodes at least this share of the fleet's link
+(:func:`fleet_link`) over an interval: origin-bound's readers get an eighth to a
+sixteenth of it, s3-fast's 0.8-0.97."""
+
 TOGETHER_SHARE: Final = 0.75
 """S3 fed every link (:func:`fed_every_link`) only if the nodes' S3 rates at once summed
-to at least this share of all their links: a node each at full speed one after another
-is not an origin that feeds them all, nor is one that feeds most of them. s3-fast's
-origin (exactly six links) showed 0.92-0.98 of them; swarm-bound's at a quarter of its
-rates (250 Mbit for eight nodes of 50) is 0.62, and at 0.5 it went ALL in three runs of
-eight (every node reading the object from S3: 30.8-36.1 s against 24.9-25.2, the origin
-sending 5.3-7.0 F). Not :data:`LINK_SHARE`: the rates are one interval's counters of
-whole pieces, and stripes that start a little apart overlap in part."""
+to at least this share of as many fleet links (:func:`fleet_link`): a node each at full
+speed one after another is not an origin that feeds them all, nor is one that feeds
+most of them. s3-fast's stripes summed to 0.83-0.96 of its six links; swarm-bound's
+origin at a quarter of its rates (250 Mbit for eight nodes of 50) is 0.62 of its eight,
+and against 0.5 of the nodes' median peaks it went ALL in three runs of eight (every
+node reading the object from S3: 30.8-36.1 s against 24.9-25.2, the origin sending
+5.3-7.0 F). Not :data:`LINK_SHARE`: the rates are one interval's counters of whole
+pieces, and stripes that start a little apart overlap in part."""
 
 
 @dataclass
@@ -86,7 +92,7 @@ def snapshot(
     link = fleet_link(fetching)
     if origin_rate is not None:
         origin = origin_rate
-    elif fed_every_link(fetching, link, together):
+    elif fed_every_link(fetching, down, link, together):
         # S3 has filled the nodes' links, all at once (the stripes of a same-region
         # bucket): it feeds the fleet at link speed, whatever a reader gets now that
         # peers share its downlink
@@ -102,11 +108,11 @@ def snapshot(
         origin = origin_peak
     elif not s3_per_reader or s3_per_reader <= 0:
         return None
-    elif s3_per_reader < LINK_SHARE * link:
+    elif s3_per_reader < LINK_SHARE * down:
         # a reader gets well below what nodes have shown they can take: S3 is the limit
         origin = max(s3_per_reader * max(1, readers), origin_peak)
     elif s3_per_reader >= S3_AS_FAST * statistics.median(
-        link.peers for link in fetching
+        each.peers for each in fetching
     ) and s3_per_reader * readers >= LINK_SHARE * link * len(fetching):
         # S3 fills a reader's link as far as the nodes' peaks show (peers have had their
         # warm-up, so the peaks include what they gave) and gives at least what peers
@@ -115,7 +121,9 @@ def snapshot(
         # Only if it did so for as many readers as there are fetching nodes: two readers
         # at link speed say nothing of eight (the mixed fleet's origin, 400 Mbit for 8
         # nodes of 300, gave its last readers their link, and ALL then had all 8 read
-        # everything: origin 6-7 F, 3 x T*).
+        # everything: origin 6-7 F, 3 x T*). As many fleet links (:func:`fleet_link`),
+        # not the nodes' median peak: while S3's share is all most nodes have received,
+        # that peak is the share.
         origin = math.inf
     else:
         origin = max(s3_per_reader * max(1, readers), origin_peak)
@@ -128,19 +136,26 @@ def fleet_link(links: list[Link]) -> float:
     often than not, while a node's own peaks say nothing of its link as long as S3's
     share is all it has received: at a quarter of the origin-bound fleet's rates six of
     eight nodes showed 0.2-0.5 MB/s (their part of a 25 Mbit origin) where two that had
-    sent pieces to peers showed 6 (their 50 Mbit), and an origin compared with the
-    former looks as fast as the links."""
+    sent pieces to peers showed 6 (their 50 Mbit). A maximum, so one interval's overshoot
+    counts (whole pieces: 7.9 MB/s on a 62.5 Mbit link): the tests against it leave room."""
     return max((max(each.down, each.up) for each in links), default=0.0)
 
 
-def fed_every_link(links: list[Link], link: float, together: float) -> bool:
+def fed_every_link(links: list[Link], down: float, link: float, together: float) -> bool:
     """S3 has filled the fetching nodes' links, at once: for most nodes the most it gave
-    over one interval is at least :data:`LINK_SHARE` of the fleet's ``link``
-    (:func:`fleet_link`), and the nodes' rates at once summed to :data:`TOGETHER_SHARE`
-    of all their links. Where the origin is the bottleneck a reader gets a fraction of
-    its link (100 Mbit for 8 nodes of 200: an eighth; 400 for 8 of 300: a sixth),
-    except the one that read alone for a moment; the median leaves it out."""
-    if not links or link <= 0:
+    over one interval is at least :data:`LINK_SHARE` of the node's download peak (which
+    peers have had their warm-up to raise) and at least :data:`FLEET_LINK_SHARE` of the
+    fleet's ``link`` (:func:`fleet_link`: a node that has received only S3's share shows
+    that share as its peak), and the nodes' rates at once summed to
+    :data:`TOGETHER_SHARE` of all their links. Where the origin is the bottleneck a
+    reader gets a fraction of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for
+    8 of 300: a sixth), except the one that read alone for a moment; the median leaves
+    it out. ``down``: the median of the nodes' download peaks."""
+    if not links or down <= 0 or link <= 0:
         return False
-    filled = statistics.median(each.s3 / link for each in links)
-    return filled >= LINK_SHARE and together >= TOGETHER_SHARE * link * len(links)
+    filled = statistics.median(each.s3 / each.down for each in links)
+    return (
+        filled >= LINK_SHARE
+        and statistics.median(each.s3 for each in links) >= FLEET_LINK_SHARE * link
+        and together >= TOGETHER_SHARE * link * len(links)
+    )
