@@ -32,13 +32,13 @@ sixteenth of it, s3-fast's 0.8-0.97."""
 
 TOGETHER_SHARE: Final = 0.75
 """S3 fed every link (:func:`fed_every_link`) only if the nodes' S3 rates at once summed
-to at least this share of as many fleet links (:func:`fleet_link`): a node each at full
-speed one after another is not an origin that feeds them all, nor is one that feeds
-most of them. s3-fast's stripes summed to 0.83-0.96 of its six links; swarm-bound's
-origin at a quarter of its rates (250 Mbit for eight nodes of 50) is 0.62 of its eight,
-and against 0.5 of the nodes' median peaks it went ALL in three runs of eight (every
-node reading the object from S3: 30.8-36.1 s against 24.9-25.2, the origin sending
-5.3-7.0 F). Not :data:`LINK_SHARE`: the rates are one interval's counters of whole
+to at least this share of all their links (the median download peak, times the
+nodes): a node each at full speed one after another is not an origin that feeds them
+all, nor is one that feeds most of them. s3-fast's stripes summed to 0.86-0.98 of its
+six links; swarm-bound's origin at a quarter of its rates (250 Mbit for eight nodes of
+50) gave its eight 0.61-0.63 before ALL, and at 0.5 it went ALL in three runs of eight
+(every node reading the object from S3: 30.8-36.1 s against 24.9-25.2, the origin
+sending 5.3-7.0 F). Not :data:`LINK_SHARE`: the rates are one interval's counters of whole
 pieces, and stripes that start a little apart overlap in part."""
 
 
@@ -147,7 +147,9 @@ def fed_every_link(links: list[Link], down: float, link: float, together: float)
     peers have had their warm-up to raise) and at least :data:`FLEET_LINK_SHARE` of the
     fleet's ``link`` (:func:`fleet_link`: a node that has received only S3's share shows
     that share as its peak), and the nodes' rates at once summed to
-    :data:`TOGETHER_SHARE` of all their links. Where the origin is the bottleneck a
+    :data:`TOGETHER_SHARE` of all their peaks (the median, ``down``: the fleet's link is
+    a maximum, and one interval's overshoot in it kept s3-fast at a quarter of its rates
+    from ALL in one run of two). Where the origin is the bottleneck a
     reader gets a fraction of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for
     8 of 300: a sixth), except the one that read alone for a moment; the median leaves
     it out. ``down``: the median of the nodes' download peaks."""
@@ -157,5 +159,5 @@ def fed_every_link(links: list[Link], down: float, link: float, together: float)
     return (
         filled >= LINK_SHARE
         and statistics.median(each.s3 for each in links) >= FLEET_LINK_SHARE * link
-        and together >= TOGETHER_SHARE * link * len(links)
+        and together >= TOGETHER_SHARE * down * len(links)
     )
