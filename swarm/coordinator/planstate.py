@@ -268,8 +268,8 @@ class MemoryPlanState(PlanState):
         elif node not in art.held and self.used + art.entry_cost > self.budget:
             return None
         sample = tuple(itertools.islice(art.reader_s3.items(), ESTIMATE_SAMPLE))
-        if node in art.reader_s3:
-            sample = ((node, art.reader_s3[node]), *sample)
+        if node in art.reader_s3:  # first, and once (the planner counts the readers)
+            sample = ((node, art.reader_s3[node]), *(r for r in sample if r[0] != node))
         return ArtifactView(
             art.union,
             art.estimate,

@@ -32,6 +32,7 @@ from tests.unit.test_coordinator_scale import (
     MiB,
     flowing_bytes_are_progress,
     plan,
+    readers_are_counted_once,
     steps,
     stops_listing_leaves_the_union,
 )
@@ -122,6 +123,10 @@ def test_redis_plan_state_matches_memory(redis_url: str, steps) -> None:
 
 def test_redis_an_artifact_a_node_stops_listing_leaves_the_union(client: redis.Redis) -> None:
     stops_listing_leaves_the_union(RedisPlanState(client))
+
+
+def test_redis_readers_are_counted_once(client: redis.Redis) -> None:
+    readers_are_counted_once(RedisPlanState(client))
 
 
 def test_redis_flowing_bytes_are_progress(client: redis.Redis) -> None:

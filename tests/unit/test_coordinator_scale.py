@@ -220,6 +220,26 @@ def flowing_bytes_are_progress(state: PlanState) -> None:
     assert c == b and a == list(range(8))
 
 
+def readers_are_counted_once(state: PlanState) -> None:
+    """Each node reading the origin is in a view's readers once, the reporting node
+    first: the planner multiplies the per-reader rate by their count (the in-memory
+    state listed the reporting node twice: nine readers in a fleet of eight). Shared
+    with the Redis plan state's test."""
+    planner = StripePlanner(stripe_bytes=4 * MiB, state=state)
+    for node in ("a", "b", "c"):
+        plan(planner, node, 0, 0.0, s3=0)
+    for node in ("a", "b", "c"):
+        plan(planner, node, 0, 1.0, s3=MiB)
+    view = state.load("b", HASH, MiB, 64)
+    assert view is not None
+    assert view.reader_s3[0][0] == "b"
+    assert sorted(n for n, _ in view.reader_s3) == ["a", "b", "c"]
+
+
+def test_readers_are_counted_once() -> None:
+    readers_are_counted_once(MemoryPlanState())
+
+
 def test_flowing_bytes_are_progress() -> None:
     flowing_bytes_are_progress(MemoryPlanState())
 
