@@ -147,12 +147,11 @@ def fed_every_link(links: list[Link], down: float, link: float, together: float)
     peers have had their warm-up to raise) and at least :data:`FLEET_LINK_SHARE` of the
     fleet's ``link`` (:func:`fleet_link`: a node that has received only S3's share shows
     that share as its peak), and the nodes' rates at once summed to
-    :data:`TOGETHER_SHARE` of all their peaks (the median, ``down``: the fleet's link is
-    a maximum, and one interval's overshoot in it kept s3-fast at a quarter of its rates
-    from ALL in one run of two). Where the origin is the bottleneck a
-    reader gets a fraction of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for
-    8 of 300: a sixth), except the one that read alone for a moment; the median leaves
-    it out. ``down``: the median of the nodes' download peaks."""
+    :data:`TOGETHER_SHARE` of their peaks' median, ``down``, times the nodes (not of the
+    fleet's link: a maximum, its overshoot kept s3-fast at a quarter of its rates from
+    ALL in one run of two). Where the origin is the bottleneck a reader gets a fraction
+    of its link (100 Mbit for 8 nodes of 200: an eighth; 400 for 8 of 300: a sixth),
+    except the one that read alone for a moment; the median leaves it out."""
     if not links or down <= 0 or link <= 0:
         return False
     filled = statistics.median(each.s3 / each.down for each in links)
