@@ -28,7 +28,7 @@ In the lab test (``tests/fleet/test_uplink_pacer.py``) that host's download ran 
 quarter of its rates, sixteen alternating pairs over four versions of this rule
 (``bench/fleet.py --scenario slow-uploads --rate-scale 0.25 --systems swarm``): faster
 in thirteen, by about a second of 38-40 (this version's six: 39.13 s mean against
-39.81). Elsewhere it does not engage (swarm-bound, mixed: no side five times narrower).
+39.81). Elsewhere it does not engage (swarm-bound, mixed: no side four times narrower).
 """
 
 from __future__ import annotations
@@ -72,11 +72,16 @@ when a queue stands at this node's uplink: the slow-uploads fleet's held 0.1-0.4
 MIN_FLOWS: Final = 2
 """Sending flows needed to tell a queue at this node's uplink from one further on."""
 
-ASYMMETRY: Final = 5.0
+ASYMMETRY: Final = 4.0
 """Only a node that has received at least this multiple of what it sent (the fastest
 seconds of each) paces: there the uplink is the narrow side, and the downloads are what
 its queue would slow. Where both ways are alike, uploads are what the fleet is short of
-and are left whole."""
+and are left whole (the mixed fleet's 75/25 Mbit links show about 3). Not 5: the node
+whose full uplink starves its downloads shows less than its link; in slow uploads at a
+quarter of the rates (100/5 Mbit) the fleet's last node had received at most 2.7 MB/s
+against 0.62 sent (4.3x), never paced, and finished 5-10 s after the others (a debug
+log of the peaks). With 4: 36.8-38.4 s in three runs against 38.2-40.5 in two
+alternating; mixed and swarm-bound at a quarter never paced (one run each)."""
 
 PACE_SHARE: Final = 0.9
 """Of the uplink's rate, what the paced connections may send in all (the rest is room

@@ -77,6 +77,9 @@ def test_pacing_starts_on_a_narrow_uplink_with_a_standing_queue() -> None:
     assert first_budget(mixed, 0.2) is None
     idle = rates(sent=0, received=12_000_000)
     assert first_budget(idle, 0.2) is None
+    # slow uploads' last node: its full uplink held its downloads to 2.7 MB/s at most
+    starved = rates(sent=620_000, received=2_680_000)
+    assert first_budget(starved, 0.2) == pytest.approx(PACE_SHARE * 620_000)
 
 
 @pytest.fixture
