@@ -311,8 +311,9 @@ class CapacityBook:
         """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``; None
         until S3's rate and the swarm's are both known. A snapshot that cannot tell
         (no peer traffic) keeps the last allocation. ``only_all``: keep the new plan
-        only if it is ALL (else return the last allocation): pieces are still leaving
-        the origin, and only ALL is sure by then (see :class:`StripePlanner`)."""
+        only if the snapshot found S3 unlimited, i.e. ALL (else return the last
+        allocation): pieces are still leaving the origin, and only that ALL is sure by
+        then (see :class:`StripePlanner`)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return None
@@ -370,13 +371,14 @@ class CapacityBook:
                 shown, snap,
             )  # fmt: skip
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
-            plan = allocate(snap)
-            if only_all and (plan.mode is not Mode.ALL or not math.isinf(snap.origin)):
-                # Before the spread only an origin shown to feed every link is ALL: an
-                # allocation's ALL on a finite origin rests on the nodes' download peaks,
-                # which show S3's share while it is all a node has received (at a
-                # quarter of the origin-bound fleet's rates, 0.2-0.5 MB/s of 6)
+            if only_all and not math.isinf(snap.origin):
+                # Before the spread only an origin shown to feed every link is ALL (an
+                # infinite origin is always ALL): an allocation's ALL on a finite origin
+                # rests on the nodes' download peaks, which show S3's share while it is
+                # all a node has received (at a quarter of the origin-bound fleet's
+                # rates, 0.2-0.5 MB/s of 6)
                 return art.allocation
+            plan = allocate(snap)
             if (
                 plan.mode is not Mode.ALL
                 and art.all_since is not None
