@@ -39,7 +39,7 @@ from typing import Any
 import libtorrent as lt
 
 from swarm import catalog
-from swarm.agent import registry, treefs
+from swarm.agent import registry, seedershare, treefs
 from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
@@ -535,9 +535,11 @@ class Daemon:
             if artifact is not None and plan is not None:
                 artifact.plan, artifact.plan_at = plan, now
                 if plan.holders:
-                    if not artifact.seeders:  # the fetch started beside seeders
-                        artifact.tune_while_fetching(self.session.tuned(AMONG_SEEDERS_SETTINGS))
+                    started_beside = not artifact.seeders and artifact.fetching
                     artifact.seeders = plan.holders
+                    if started_beside:
+                        artifact.tune_while_fetching(self.session.tuned(AMONG_SEEDERS_SETTINGS))
+                        seedershare.start(self.session, artifact, self.listen_ip)
                     artifact.seeders_named.set()
                 if plan.peers:
                     self.session.dial(info_hash, plan.peers)

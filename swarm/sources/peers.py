@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +107,11 @@ class TorrentState:
     renamed: Future[str | None] | None = None
     """The pending ``rename_file`` (None: success, else libtorrent's error)."""
     paused: threading.Event = field(default_factory=threading.Event)
+    held_for_s3: set[int] = field(default_factory=set)
+    """Pieces kept from peers while the S3 reader brings them (:meth:`TorrentSession.hold_back`)."""
+    left_to_owners: set[int] = field(default_factory=set)
+    """Pieces kept from peers until another new node holds them
+    (:meth:`TorrentSession.leave_to_owners`, :mod:`swarm.agent.seedershare`)."""
     held: set[int] = field(default_factory=set)
     """Pieces libtorrent holds, from its alerts (``piece_finished_alert``, and each status
     update): asking the handle (``have_piece``) is a round trip to libtorrent's network
@@ -155,6 +160,7 @@ class TorrentSession:
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
         self._lock = threading.Lock()
+        self._priorities = threading.Lock()  # held_for_s3 and left_to_owners, and their use
         self._tunings: list[Mapping[str, int | bool]] = []  # held by tuned(), oldest first
         self._own_settings: dict[str, int | bool] = {}  # before any tuning, of keys tuned
         self._running = True
@@ -341,8 +347,32 @@ class TorrentSession:
         MB of redundant payload per node (of 134 MB): peers' blocks of pieces that the S3
         reader then brought first; 0.3-1.7 MB where S3 reads stripes nobody else has."""
         if pieces:
-            priority = 0 if on else DEFAULT_PIECE_PRIORITY
-            self.torrents[info_hash].handle.prioritize_pieces([(i, priority) for i in pieces])
+            state = self.torrents[info_hash]
+            with self._priorities:
+                if on:
+                    state.held_for_s3.update(pieces)
+                else:
+                    state.held_for_s3.difference_update(pieces)
+                self._prioritize(state, pieces)
+
+    def leave_to_owners(self, info_hash: str, pieces: set[int]) -> None:
+        """Keep peers from bringing ``pieces`` (priority 0) and let every piece kept so
+        before and not in ``pieces`` come again: the pieces only seeders hold that other
+        new nodes take from them (:mod:`swarm.agent.seedershare`)."""
+        state = self.torrents[info_hash]
+        with self._priorities:
+            changed = state.left_to_owners ^ pieces
+            state.left_to_owners = set(pieces)
+            self._prioritize(state, changed)
+
+    @staticmethod
+    def _prioritize(state: TorrentState, pieces: Iterable[int]) -> None:
+        """Give ``pieces`` priority 0 when S3 or an owner brings them, else the default
+        (under ``_priorities``: the two reasons are kept apart, and each may end alone)."""
+        kept = state.held_for_s3 | state.left_to_owners
+        priorities = [(i, 0 if i in kept else DEFAULT_PIECE_PRIORITY) for i in pieces]
+        if priorities:
+            state.handle.prioritize_pieces(priorities)
 
     @contextlib.contextmanager
     def tuned(self, settings: Mapping[str, int | bool]) -> Iterator[None]:

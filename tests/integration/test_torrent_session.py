@@ -110,6 +110,32 @@ def test_pieces_held_back_at_a_restart_are_wanted_again(tmp_path: Path) -> None:
         second.close()
 
 
+def test_a_piece_kept_from_peers_for_two_reasons_comes_again_once_both_end(
+    session: TorrentSession, tmp_path: Path
+) -> None:
+    # The S3 reader's hold and the other new nodes' share of the seeders' pieces
+    # (swarm.agent.seedershare), both priority 0, each end on their own.
+    _, manifest = _artifact(tmp_path)
+    state = session.add(manifest, tmp_path / "data.bin", [])
+    ih = manifest.info_hash
+
+    def priorities(expected: list[int]) -> None:
+        deadline = time.monotonic() + 5
+        while list(state.handle.get_piece_priorities()) != expected:
+            assert time.monotonic() < deadline, list(state.handle.get_piece_priorities())
+            time.sleep(0.02)
+
+    session.hold_back(ih, [0, 1], True)
+    session.leave_to_owners(ih, {1, 2})
+    priorities([0, 0, 0, 4, 4, 4, 4, 4])
+    session.hold_back(ih, [0, 1], False)  # S3 brought them: the owners' 1 and 2 stay
+    priorities([4, 0, 0, 4, 4, 4, 4, 4])
+    session.leave_to_owners(ih, {2, 3})  # 1 held by a new node now, 3 newly another's
+    priorities([4, 4, 0, 0, 4, 4, 4, 4])
+    session.leave_to_owners(ih, set())
+    priorities([4] * PIECES)
+
+
 def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> None:
     # A node that joined since this one's last report is refused by its peer filter; the
     # daemon reports at once on it (Daemon.peer_blocked) to learn the new member.

@@ -1,0 +1,47 @@
+"""A new node's share of the pieces only seeders hold (swarm.agent.seedershare)."""
+
+from __future__ import annotations
+
+from swarm.agent.seedershare import left_to_owners
+
+PIECES = 12
+NONE = [False] * PIECES
+
+
+def held(*pieces: int) -> list[bool]:
+    return [i in pieces for i in range(PIECES)]
+
+
+def test_each_piece_only_seeders_hold_is_one_new_node_s() -> None:
+    nodes = ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    taken: list[set[int]] = []
+    for own in nodes:
+        others = {a: NONE for a in nodes if a != own}
+        taken.append(set(range(PIECES)) - left_to_owners(range(PIECES), others, own))
+    assert [len(t) for t in taken] == [4, 4, 4]
+    assert set().union(*taken) == set(range(PIECES))
+
+
+def test_a_piece_a_new_node_holds_is_anyone_s() -> None:
+    left = left_to_owners(range(PIECES), {"10.0.0.3": held(1, 4)}, "10.0.0.2")
+    # rank 0 of two: the odd pieces are the other's, except 1 (it holds it)
+    assert left == {3, 5, 7, 9, 11}
+
+
+def test_a_node_whose_share_is_in_takes_the_rest_once_no_new_node_has_more() -> None:
+    # Its own share (even pieces) all in; 1 and 3 at seeders only, 5 at the other node:
+    # 5 comes from that node, and the seeders' pieces wait for their owner meanwhile.
+    assert left_to_owners([1, 3, 5], {"10.0.0.3": held(5)}, "10.0.0.2") == {1, 3}
+    # Nothing it lacks is at a new node: it takes its owner's pieces too (the owner may
+    # be one it does not see, or gone).
+    assert left_to_owners([1, 3], {"10.0.0.3": held(5)}, "10.0.0.2") == set()
+
+
+def test_alone_or_behind_one_address_nothing_is_left() -> None:
+    assert left_to_owners(range(PIECES), {}, "10.0.0.2") == set()
+    # loopback fleets: every node is 127.0.0.1
+    assert left_to_owners(range(PIECES), {"127.0.0.1": NONE}, "127.0.0.1") == set()
+
+
+def test_a_peer_without_a_bitfield_yet_holds_nothing() -> None:
+    assert left_to_owners(range(4), {"10.0.0.3": []}, "10.0.0.2") == {1, 3}
