@@ -3,10 +3,10 @@
 Beside nodes that hold the whole artifact (existing seeders, named in the coordinator's
 first plans), the seeders' uplinks are how a piece first enters the new fleet, and each
 new node's libtorrent asks them for the rarest pieces: the same pieces, since to each node
-every piece no other new node has announced is equally rare. In existing seeders at a
-quarter of the rates the seeders sent ~3 F, and from the middle of the fetch on the new
-nodes' uplinks idled (15-20 of their 50 MB/s) while every node waited for the pieces only
-the seeders held.
+every piece no other new node has announced is equally rare. In existing seeders at full
+rates the seeders sent ~3 F; at a quarter, from the middle of the fetch on, the new
+nodes' uplinks idled (15-20 of their 50 MB/s sent) while every node waited for the pieces
+only the seeders held.
 
 So each new node takes from the seeders only its share of those pieces: piece ``i`` is
 this node's when ``i % count == rank``, its rank among the ``count`` new nodes it sees
