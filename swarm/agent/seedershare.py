@@ -22,8 +22,9 @@ kept back).
 Existing seeders at a quarter of the rates, alternating with the code before: 28.85-29.46
 s against 31.95-34.43 (three pairs). The seeders still send pieces some new node holds:
 libtorrent picks by piece, not by peer, and once a node has more partial pieces than 1.5x
-its peers it finishes those first from any peer, seeders too (traced: a node's share
-waited 10 s while its seeder connections brought others' pieces). Tried, not kept: its
+its peers it finishes those first from any peer, seeders too (traced with the priority-7
+trial below: a node's share waited 10 s while its seeder connections brought others'
+pieces). Tried, not kept: its
 own share at priority 7 (libtorrent halves availability at 4-6, so a piece one new node
 holds ties with one only seeders hold), 29.76-29.81 s against 29.40-31.32 (two pairs);
 libtorrent's ``whole_pieces_threshold`` at 0 besides, 28.5-31.9 s (four runs).
@@ -35,6 +36,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Sequence
+from itertools import compress
 
 from swarm.agent.registry import Artifact
 from swarm.sources.peers import TorrentSession
@@ -60,12 +62,12 @@ def left_to_owners(
     count, rank = len(addresses), addresses.index(own_address)
     if count < 2:
         return set()
-    bitfields = [b for b in new_nodes.values() if b]
+    # one pass per bitfield, in C (the loop runs every SHARE_INTERVAL, on every piece)
+    at_new_nodes = set().union(*(compress(range(len(b)), b) for b in new_nodes.values()))
     missing = list(missing)
-    seeders_only = [i for i in missing if not any(i < len(b) and b[i] for b in bitfields)]
+    seeders_only = [i for i in missing if i not in at_new_nodes]
     others = {i for i in seeders_only if i % count != rank}
-    own_left = len(seeders_only) - len(others)
-    if own_left == 0 and len(seeders_only) == len(missing):
+    if len(others) == len(seeders_only) == len(missing):  # own share in, nothing at nodes
         return set()
     return others
 
@@ -91,7 +93,7 @@ def _share(session: TorrentSession, artifact: Artifact, own_address: str) -> Non
             address = peer.ip[0]
             if address not in seeders and address != own_address:
                 new_nodes[address] = peer.pieces
-        missing = [i for i in range(state.count) if i not in state.held]
+        missing = artifact.sink.missing()
         left = left_to_owners(missing, new_nodes, own_address)
         session.leave_to_owners(artifact.info_hash, left)
         if len(left) != kept:
