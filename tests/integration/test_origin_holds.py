@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import boto3
+import libtorrent as lt
 
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
@@ -64,15 +65,22 @@ def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
         assert held and all(at_zero for _, at_zero in held)  # while the GET ran
         released = [pieces for pieces, on, _ in calls if not on and pieces]
         assert sorted(map(sorted, released)) == sorted(sorted(p) for p, _ in held)
-        # all let go (asked of libtorrent until it says so: a loaded CI machine once read
-        # them all at 0 right after the reader's end, as it did not here in four runs)
-        handle = session.torrents[manifest.info_hash].handle
+        state = session.torrents[manifest.info_hash]
+        assert not state.held_for_s3
+        # all let go, as libtorrent tells: priorities at the default, or the torrent a
+        # seed. A torrent whose missing pieces were all held was "finished" (nothing
+        # wanted) before they came, so the last one's pass does not end it again and
+        # keeps its piece picker; libtorrent then ignores priorities of a seed
+        # (torrent::prioritize_piece_list returns at is_seed()) and keeps the zeros.
+        # CI met that twice, when the last release came after the last piece passed.
+        handle = state.handle
         deadline = time.monotonic() + 5
-        while (
-            list(handle.get_piece_priorities()) != [DEFAULT_PIECE_PRIORITY] * PIECES
-            and time.monotonic() < deadline
-        ):
+        while time.monotonic() < deadline and not handle.status().is_seeding:
             time.sleep(0.05)
-        assert list(handle.get_piece_priorities()) == [DEFAULT_PIECE_PRIORITY] * PIECES
+        assert handle.status().is_seeding
+        priorities = list(handle.get_piece_priorities())
+        assert priorities == [DEFAULT_PIECE_PRIORITY] * PIECES or (
+            priorities == [0] * PIECES and handle.status().state == lt.torrent_status.finished
+        )
     finally:
         daemon.close()
