@@ -31,9 +31,9 @@ means the numbers measure the CPU, not the links.
 
 The lab, the origin, the systems and the run are swarm/lab/ (tests/fleet drives the same
 code); the scenarios are data in swarm/lab/scenarios.py. This file is the command line
-and the table. Needs root (network namespaces), aria2c, and MinIO (built as in
-bench/s3get.py) or ``--s3 moto``. Every process and namespace is removed at the end, on
-failure too.
+and the table. Needs root (network namespaces), aria2c, and MinIO (built on first use:
+swarm.lab.s3.build_minio) or ``--s3 moto``. Every process and namespace is removed at the
+end, on failure too.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from swarm.lab.fleet import log, run_fleet
 from swarm.lab.fleetdata import FleetConfig, SystemResult
 from swarm.lab.jobs import FleetError
 from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
-from swarm.lab.s3 import MINIO_BIN
+from swarm.lab.s3 import S3Error, build_minio
 from swarm.lab.scenarios import DEFAULTS, SCENARIOS, scenario
 from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS
 from swarm.pieces import parse_size
@@ -172,7 +172,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         default=",".join(DEFAULT_SYSTEMS),
         help=f"comma list of {', '.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})",
     )
-    parser.add_argument("--s3", choices=("minio", "moto"), help="S3 server (minio if built)")
+    parser.add_argument(
+        "--s3",
+        choices=("minio", "moto"),
+        default="minio",
+        help="S3 server (minio, built once on first use; moto reads the whole object on "
+        "every ranged GET: for a run that times nothing)",
+    )
     parser.add_argument(
         "--timeout", type=float, help="seconds per system (60 + max(10 T*, 2 N F / u_s))"
     )
@@ -199,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     try:
         config = FleetConfig(
             **values,
-            s3=args.s3 or ("minio" if MINIO_BIN.exists() else "moto"),
+            s3=args.s3,
             system_timeout=args.timeout,
             scenario=args.scenario,
         )
@@ -211,9 +217,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_args(argv)
     try:
+        if config.s3 == "minio":
+            build_minio(log)
         with run_deadline(args.run_timeout):
             results, failures = run_fleet(config, args.systems, keep=args.keep)
-    except (FleetError, LabError) as error:
+    except (FleetError, LabError, S3Error) as error:
         log(f"FAILED: {error}")
         return 1
     if args.json:

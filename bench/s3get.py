@@ -50,11 +50,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from swarm.lab.s3 import S3Error, build_minio
 from swarm.pieces import file_sha256, parse_size, write_random_file
 
-MINIO_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
-MINIO_BIN_DIR = Path.home() / ".cache" / "swarm" / "bin"
-MINIO_BUILD_TIMEOUT = 1800.0
 MINIO_READY_TIMEOUT = 30.0
 MINIO_USER = "swarmbench"
 MINIO_PASSWORD = "swarmbench-secret"
@@ -154,27 +152,11 @@ def run(
 
 
 def minio_binary() -> Path:
-    """The pinned MinIO server, built with ``go install`` into the cache on first use."""
-    binary = MINIO_BIN_DIR / "minio"
-    if binary.is_file() and os.access(binary, os.X_OK):
-        return binary
-    go = shutil.which("go")
-    if not go:
-        raise BenchError(
-            f"MinIO is not built ({binary} missing) and `go` is not on PATH: install Go "
-            f"(https://go.dev/dl/), or build it yourself with "
-            f"GOBIN={MINIO_BIN_DIR} go install {MINIO_MODULE}"
-        )
-    log(
-        f"building MinIO once into {MINIO_BIN_DIR} (go install {MINIO_MODULE}); this takes "
-        "a few minutes and is cached for later runs ..."
-    )
-    MINIO_BIN_DIR.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GOBIN": str(MINIO_BIN_DIR)}
-    run([go, "install", MINIO_MODULE], env, MINIO_BUILD_TIMEOUT, "building MinIO")
-    if not binary.is_file():
-        raise BenchError(f"go install finished but {binary} does not exist")
-    return binary
+    """The pinned MinIO server (:func:`swarm.lab.s3.build_minio`: built on first use)."""
+    try:
+        return build_minio(log)
+    except S3Error as error:
+        raise BenchError(str(error)) from None
 
 
 @contextlib.contextmanager
