@@ -89,6 +89,13 @@ def session_settings(
     - every fleet member is trusted, so no tit-for-tat: unchoke everyone (-1 slots) so
       a seeder's upload is never idle while someone still needs data;
     - no queueing of our torrents (active limits unlimited): a node seeds all it holds;
+    - connections stay when one end has all it wants (``close_redundant_connections``
+      off): libtorrent counts a torrent finished once every piece it lacks is at
+      priority 0, which ours are for a while (held for S3, left to their owners beside
+      seeders, upload mode under an ALL plan); at finishing it closed every seed's
+      connection and told peers it was upload-only, so seeders closed theirs, and when
+      the pieces came back it had to connect again. Existing seeders at a quarter of the
+      rates: each new node finished so 1-5 times a run and dropped 2-14 connections;
     - ``upload_limit`` (bytes/s, 0 = none) caps uploads to *every* peer: libtorrent
       exempts LAN peers from rate limits by default (``ignore_limits_on_local_network``),
       and in a VPC every peer is a LAN peer, so that exemption is turned off;
@@ -115,6 +122,7 @@ def session_settings(
             "active_downloads": -1,
             "active_seeds": -1,
             "active_limit": -1,
+            "close_redundant_connections": False,
             "peer_fingerprint": peer_id_prefix,
             "user_agent": "swarm/0.1 libtorrent/" + lt.__version__,
             "min_reconnect_time": 1,
