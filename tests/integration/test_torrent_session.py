@@ -194,3 +194,36 @@ def test_the_s3_reader_sees_the_check_end_without_waiting_for_a_status_alert(
     direct = writing_directly(artifact, state)
     assert direct is not None and artifact.direct is direct
     direct.close()
+
+
+def test_a_node_whose_missing_pieces_are_all_held_keeps_its_seeders(tmp_path: Path) -> None:
+    # Every piece the newcomer lacks at priority 0 (held for S3, left to their owners):
+    # libtorrent calls the torrent finished, and with its default settings
+    # (close_redundant_connections) closed a seeder's connection as redundant, here as
+    # soon as it was made. Once the pieces are wanted again they come over the same
+    # connection, with no reconnect.
+    src, manifest = _artifact(tmp_path)
+    holder = TorrentSession("127.0.0.1", 0, tmp_path / "holder")
+    newcomer = TorrentSession("127.0.0.2", 0, tmp_path / "newcomer")
+    try:
+        holder.add(manifest, src, [], seed_mode=True)
+        state = newcomer.add(manifest, tmp_path / "data.bin", [])
+        info_hash = manifest.info_hash
+        newcomer.hold_back(info_hash, list(range(PIECES)), True)
+        newcomer.dial(info_hash, (("127.0.0.1", holder.listen_port),))
+        deadline = time.monotonic() + 10
+        while not state.handle.get_peer_info() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert state.handle.get_peer_info(), "never connected to the seeder"
+        deadline = time.monotonic() + 10
+        while not state.handle.status().is_finished and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert state.handle.status().is_finished  # nothing wanted
+        time.sleep(1.5)  # libtorrent closes redundant connections at once, if it does
+        assert [p.ip[0] for p in state.handle.get_peer_info()] == ["127.0.0.1"]
+        newcomer.hold_back(info_hash, list(range(PIECES)), False)
+        assert state.finished.wait(10)
+        assert state.handle.status().num_peers == 1
+    finally:
+        newcomer.close()
+        holder.close()
