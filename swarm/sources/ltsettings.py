@@ -95,7 +95,10 @@ def session_settings(
       seeders, upload mode under an ALL plan); at finishing it closed every seed's
       connection and told peers it was upload-only, so seeders closed theirs, and when
       the pieces came back it had to connect again. Existing seeders at a quarter of the
-      rates: each new node finished so 1-5 times a run and dropped 2-14 connections;
+      rates: each new node finished so 1-5 times a run and dropped 2-14 connections.
+      Alternating runs with and without: existing seeders at a quarter 27.83-29.97 s
+      against 27.66-33.13 (three pairs), mixed at a quarter 34.41-38.20 against
+      35.19-41.31 (three): within the noise, kept for the reconnects it saves;
     - ``upload_limit`` (bytes/s, 0 = none) caps uploads to *every* peer: libtorrent
       exempts LAN peers from rate limits by default (``ignore_limits_on_local_network``),
       and in a VPC every peer is a LAN peer, so that exemption is turned off;
