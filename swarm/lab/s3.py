@@ -136,7 +136,8 @@ class S3Server:
         if self.kind == "minio":
             if not MINIO_BIN.exists():
                 raise S3Error(
-                    f"MinIO is not built ({MINIO_BIN}): build_minio() builds it, or use moto"
+                    f"MinIO is not built ({MINIO_BIN}): bench/fleet.py builds it on first "
+                    "use, or use moto"
                 )
             env = {
                 **self.env,
