@@ -19,7 +19,6 @@ from typing import Any
 from swarm.agent.direct import DirectSink
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
-from swarm.agent.rtt import s3_round_trip
 from swarm.agent.udpchoice import s3_far
 from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
@@ -132,9 +131,8 @@ def read_origin(
 
     @functools.cache
     def s3_is_far() -> bool:
-        """S3 is in another region (its round trip, measured once, when a plan first says
-        ALL or a planned batch would be held back from peers)."""
-        rtt = s3_round_trip(client)
+        """S3 is in another region (its round trip: :meth:`Artifact.s3_round_trip`)."""
+        rtt = artifact.s3_round_trip()
         if rtt is None or not s3_far(rtt):
             return False
         log.info("S3 is %.0f ms away: ALL plans are for nodes near it (own policy here), "
@@ -237,6 +235,8 @@ def read_origin(
     s3_only = "peers" not in artifact.sources
     if not s3_only and has_coordinator:
         wake_reporter()
+    s3_is_far()  # measured before the first GET fills the downlink's queue
+    if not s3_only and has_coordinator:
         # The coordinator's first plan; reading alone meanwhile would duplicate stripes.
         artifact.plan_updated.wait(PLAN_TTL)
     elif not s3_only and expect_peers and state.finished.wait(ORIGIN_GRACE):

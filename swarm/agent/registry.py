@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swarm.agent.rtt import s3_round_trip
 from swarm.agent.store import partial_path
 from swarm.manifest import Manifest
 from swarm.messages import SOURCES, OriginPlan
@@ -133,6 +134,8 @@ class Artifact:
     """Bytes the S3 reader has received, counted as they stream in (reported: the
     coordinator's rates), where ``bytes_by_source`` counts whole pieces once stored."""
     _udp_carries_wan_until: float = 0.0
+    _s3_rtt: tuple[str | None, float] | None = None
+    _s3_rtt_lock: threading.Lock = field(default_factory=threading.Lock)
     _tunings: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _tunings_lock: threading.Lock = field(default_factory=threading.Lock)
     _repair: set[int] = field(default_factory=set)
@@ -143,6 +146,22 @@ class Artifact:
         the S3 reader writes them into the file itself."""
         with self._repair_lock:
             self._repair.update(pieces)
+
+    def s3_round_trip(self) -> float | None:
+        """S3's round trip in seconds (None: nothing answered), measured once per endpoint
+        and kept: the S3 reader asks before its first GET, and the UDP source gets the
+        same figure. Measured after the first GETs, the timed connects waited behind their
+        bytes in the node's own downlink queue: in the s3-fast fleet at a quarter of its
+        rates, with no S3 connection in the kernel's table yet, a node timed its LAN S3 at
+        22-39 ms, took it for far, and left it to UDP for two seconds."""
+        endpoint = getattr(self.client, "endpoint_url", None)
+        with self._s3_rtt_lock:  # one measurement: the other caller waits for it
+            if self._s3_rtt is not None and self._s3_rtt[0] == endpoint:
+                return self._s3_rtt[1]
+            rtt = s3_round_trip(self.client)
+            if rtt is not None:  # S3 refused: asked again next time
+                self._s3_rtt = (endpoint, rtt)
+            return rtt
 
     def leave_s3_to_udp(self, seconds: float | None) -> None:
         """UDP brings (or looks for a holder to bring) what crosses the WAN for at least

@@ -31,7 +31,6 @@ from swarm.agent.rtt import (
     endpoint_addresses,
     kernel_min_rtts,
     least_round_trip,
-    s3_round_trip,
 )
 from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
@@ -202,7 +201,7 @@ def auto_udp(
     try:
         handle = session.torrents[manifest.info_hash].handle
         in_flight = InFlight(handle)
-        s3_rtt = s3_round_trip(artifact.client)
+        s3_rtt = artifact.s3_round_trip()
         if s3_rtt is not None and not udp_wanted(s3_rtt):
             log.info("udp: S3 is near (%.1f ms): TCP's, no UDP for this fetch", s3_rtt * 1e3)
             return
