@@ -186,7 +186,7 @@ class Completion:
             self.verified()
             self.session.save_resume(artifact.info_hash)
             log.info("%s verified at %s%s", artifact.manifest.name, artifact.final_path,
-                     _redundant(self.session, artifact.info_hash))  # fmt: skip
+                     _received(self.session, artifact))  # fmt: skip
         finally:
             artifact.end_tunings()
             if artifact.lock is not None:
@@ -221,17 +221,21 @@ class Completion:
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
 
 
-def _redundant(session: TorrentSession, info_hash: str) -> str:
-    """What libtorrent received twice or in vain for the fetch (blocks of pieces another
-    source brought first), for the completion's log line."""
-    state = session.torrents.get(info_hash)
-    if state is None:
-        return ""
+def _received(session: TorrentSession, artifact: Artifact) -> str:
+    """What the fetch received against the artifact's size, for the completion's log line:
+    S3's bytes as they streamed in, peers' payload (with what an earlier handle counted,
+    as the status shows it: the verified file is handed to a new one in seed mode). The
+    excess over the size came twice or in vain: mostly pieces both S3 and peers brought,
+    which libtorrent does not count as redundant (the S3 reader wrote them beside it)."""
+    state = session.torrents.get(artifact.info_hash)
     try:
-        status = state.handle.status()
+        status = state.handle.status() if state is not None else None
     except RuntimeError:
-        return ""
+        status = None
+    by_source = artifact.sink.bytes_by_source
+    peers = by_source.get("peers", 0) + (status.total_payload_download if status is not None else 0)
+    s3, udp = artifact.s3_streamed.total, by_source.get("udp", 0)
     return (
-        f" (from peers {status.total_payload_download / 1e6:.1f} MB, of which redundant "
-        f"{status.total_redundant_bytes / 1e6:.1f} MB)"
+        f" (received {(s3 + peers + udp) / 1e6:.1f} MB for {artifact.manifest.size / 1e6:.1f}:"
+        f" S3 {s3 / 1e6:.1f}, peers {peers / 1e6:.1f}, UDP {udp / 1e6:.1f})"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -189,6 +190,9 @@ def test_status_with_unreachable_coordinator_exits_1(env):
     assert proc.returncode == 1 and "cannot reach the coordinator" in proc.stderr
 
 
+RECEIVED = re.compile(r"verified at .*: S3 ([0-9.]+), peers ([0-9.]+), UDP")
+
+
 def test_unlimited_origin_every_node_reads_all_from_s3_then_seeds(env, artifact, tmp_path):
     """``--origin-rate unlimited`` (a bucket in the fleet's region): the coordinator tells
     every node ALL from its first plan, so each reads the whole artifact from S3 and takes
@@ -206,6 +210,12 @@ def test_unlimited_origin_every_node_reads_all_from_s3_then_seeds(env, artifact,
             by = done["bytes_by_source"]
             assert by["s3"] + by["peers"] >= SIZE, by  # every byte counted
             from_s3.append(by["s3"])
+            # and so does the daemon's log line, peers' bytes before the verified file was
+            # handed to libtorrent in seed mode included (it once read a fresh handle's 0)
+            (received,) = RECEIVED.findall((node.home / "daemon.log").read_text())
+            s3_mb, peers_mb = float(received[0]), float(received[1])
+            assert s3_mb + peers_mb >= SIZE / 1e6 - 0.05, (received, by)
+            assert peers_mb >= by["peers"] / 1e6 - 0.05, (received, by)
         # Most of it from S3, over the fleet: peers may give a node pieces before its
         # first plan arrives, on a loaded machine (libtorrent is not in upload mode until
         # then, and a node that finished first seeds). Per node, that happened in about
