@@ -15,19 +15,28 @@ DEFAULT_PORT = 6881
 SEND_BUFFERS: dict[str, int] = {
     "send_buffer_watermark": 512_000,
     "send_buffer_low_watermark": 10_240,
-    "send_buffer_watermark_factor": 50,
+    "send_buffer_watermark_factor": 10,
     "send_not_sent_low_watermark": 16_384,
 }
-"""libtorrent's own defaults for a peer connection's send buffers (about half a second of
-the connection's upload rate in libtorrent, at most 500 KB; 16 KiB unsent in the kernel,
-``TCP_NOTSENT_LOWAT``), where ``high_performance_seed`` keeps 1-3 MiB and 512 KiB for a
-pure seed. A node downloads while it uploads, and each request it sends a peer waits
-behind the piece data queued to that peer on the same connection. In the mixed fleet at
-a quarter of the rates (25 Mbit uplinks shared by seven peers), ``ss`` showed 0.5-1.1 MB
-unsent per connection and the peers' logs request queues of 4-8 blocks from the nodes
-whose uplinks were fullest: their requests waited seconds, and they got 40-60 KB/s from
-each peer while the others got 300-900. The kernel's in-flight data (the congestion
-window) is not limited by these, only what waits to be sent."""
+"""A peer connection's send buffers: a tenth of a second of the connection's upload rate
+in libtorrent (at most 500 KB), 16 KiB unsent in the kernel (``TCP_NOTSENT_LOWAT``),
+where ``high_performance_seed`` keeps 1-3 MiB and 512 KiB for a pure seed and
+libtorrent's default half a second. A node downloads while it uploads, and each request
+it sends a peer waits behind the piece data queued to that peer on the same connection.
+In the mixed fleet at a quarter of the rates (25 Mbit uplinks shared by seven peers),
+with the preset's buffers ``ss`` showed 0.5-1.1 MB unsent per connection and the peers'
+logs request queues of 4-8 blocks from the nodes whose uplinks were fullest: their
+requests waited seconds, and they got 40-60 KB/s from each peer while the others got
+300-900. With libtorrent's half second the last node of a run still got 20-130 KB/s
+from most peers at request round trips of 110-600 ms (``get_peer_info``), and a
+node's request queue is ``request_queue_time`` of what the peer gives it, so the
+starvation fed itself. A tenth, alternating pairs against the half second
+(``bench/fleet.py --systems swarm``, at a quarter of the rates unless said): mixed 36.51 s
+mean against 37.86 (six pairs, faster in four), slow uploads 38.14 against 39.22 (four,
+three), existing seeders 28.50 against 28.90 (four), origin-bound 48.58 against 48.83
+(three), swarm-bound at full rates 8.13 against 8.40 and mixed 9.81 against 10.05 (two
+each). The kernel's in-flight data (the congestion window) is not limited by these,
+only what waits to be sent."""
 
 
 FAR_REQUEST_QUEUE_SECONDS: Final = 1
@@ -76,8 +85,8 @@ def session_settings(
     Starts from libtorrent's ``high_performance_seed`` preset (big request queues, many
     connections), then:
 
-    - send buffers back to libtorrent's defaults (:data:`SEND_BUFFERS`): the preset's
-      deep ones delay a downloading node's requests behind its uploads;
+    - send buffers shallower than libtorrent's defaults (:data:`SEND_BUFFERS`): the
+      preset's deep ones delay a downloading node's requests behind its uploads;
 
     - bind listen *and* outgoing sockets to ``listen_ip`` so several nodes can share a
       host (one loopback address each) and the tracker sees the node's own address;
