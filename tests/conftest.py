@@ -8,6 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from swarm.manifest import Manifest
 from swarm.pieces import write_random_file
 from tests.servers import moto_server
 
@@ -87,3 +88,18 @@ def make_artifact(path: Path, size: int, seed: int = 0) -> Path:
     """A file of pseudo-random bytes (incompressible, repeatable by seed)."""
     write_random_file(path, size, seed)
     return path
+
+
+def put_artifact(
+    env: dict[str, str], bucket: str, tmp_path: Path, size: int, piece_size: int
+) -> Manifest:
+    """An artifact ``a.bin`` of ``size`` bytes in ``bucket`` (key ``a.bin``) and its
+    manifest, for a test that drives a daemon's sources directly."""
+    src = make_artifact(tmp_path / "a.bin", size)
+    manifest = Manifest.from_file(
+        src, name="a.bin", piece_size=piece_size, bucket=bucket, key="a.bin", web_seed=None
+    )
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).put_object(
+        Bucket=bucket, Key="a.bin", Body=src.read_bytes()
+    )
+    return manifest

@@ -8,16 +8,14 @@ import threading
 import time
 from pathlib import Path
 
-import boto3
 import libtorrent as lt
 
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
 from swarm.config import Settings
-from swarm.manifest import Manifest
 from swarm.s3http import S3Client
 from swarm.sources.peers import DEFAULT_PIECE_PRIORITY
-from tests.conftest import make_artifact
+from tests.conftest import put_artifact
 from tests.servers import free_port
 
 PIECE = 256 << 10
@@ -27,13 +25,7 @@ PIECES = 16
 def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
     env: dict[str, str], bucket: str, tmp_path: Path
 ) -> None:
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket=bucket, key="a.bin", web_seed=None
-    )
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).put_object(
-        Bucket=bucket, Key="a.bin", Body=src.read_bytes()
-    )
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
     daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
     session = daemon.session
     calls: list[tuple[list[int], bool, bool]] = []  # pieces, on, every one of them at 0

@@ -8,15 +8,13 @@ import socket
 import threading
 from pathlib import Path
 
-import boto3
-
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
 from swarm.agent.rtt import RTT_PROBES
 from swarm.config import Settings
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
-from tests.conftest import make_artifact
+from tests.conftest import make_artifact, put_artifact
 from tests.servers import free_port, wait_until
 
 PIECE = 256 << 10
@@ -96,13 +94,7 @@ def test_the_s3_reader_knows_s3_s_round_trip_before_its_first_get(
 ) -> None:
     """A node alone (no coordinator, no peer) reads everything at once: the round trip was
     measured before that first GET, not by the UDP source beside it after."""
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket=bucket, key="a.bin", web_seed=None
-    )
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).put_object(
-        Bucket=bucket, Key="a.bin", Body=src.read_bytes()
-    )
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
     daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
     try:
         artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
