@@ -225,8 +225,8 @@ def _received(session: TorrentSession, artifact: Artifact) -> str:
     """What the fetch received against the artifact's size, for the completion's log line:
     S3's bytes as they streamed in, peers' payload (with what an earlier handle counted,
     as the status shows it: the verified file is handed to a new one in seed mode). The
-    excess over the size came twice or in vain: mostly pieces both S3 and peers brought,
-    which libtorrent does not count as redundant (the S3 reader wrote them beside it)."""
+    excess over the size came twice or in vain, where libtorrent's own redundant count
+    sees only blocks it got twice, not pieces the S3 reader wrote beside it."""
     state = session.torrents.get(artifact.info_hash)
     try:
         status = state.handle.status() if state is not None else None

@@ -12,9 +12,8 @@ from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
 from swarm.agent.rtt import RTT_PROBES
 from swarm.config import Settings
-from swarm.manifest import Manifest
 from swarm.s3http import S3Client
-from tests.conftest import make_artifact, put_artifact
+from tests.conftest import put_artifact
 from tests.servers import free_port, wait_until
 
 PIECE = 256 << 10
@@ -51,10 +50,7 @@ class _Listener:
 def test_s3_s_round_trip_is_measured_once_per_endpoint(
     env: dict[str, str], bucket: str, tmp_path: Path
 ) -> None:
-    src = make_artifact(tmp_path / "a.bin", PIECES * PIECE)
-    manifest = Manifest.from_file(
-        src, name="a.bin", piece_size=PIECE, bucket=bucket, key="a.bin", web_seed=None
-    )
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
     daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
     first, second = _Listener(), _Listener()
     refused_port = free_port(ADDRESS)
