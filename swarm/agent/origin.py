@@ -19,6 +19,7 @@ from typing import Any
 from swarm.agent.direct import DirectSink
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
+from swarm.agent.stuck import BLOCK_WRITING
 from swarm.agent.udpchoice import s3_far
 from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
@@ -46,6 +47,11 @@ side completed it only at the end, and the hash of all of it (0.1 s for 128 MiB)
 after the last byte. Not smaller: every GET costs a first-byte latency on S3 (tens of ms;
 AWS advises 8-16 MiB)."""
 
+PEERS_FINISH_SECONDS = 2.0
+"""When the plan goes ALL, the pieces peers had partly sent are left to libtorrent to
+complete for this long (:meth:`TorrentSession.upload_only`'s ``finishing``); S3 reads
+everything else first, and whatever of them is still missing after it."""
+
 PLAN_TTL = 3.0
 """A coordinator plan older than this (three missed reports) is stale: the node decides
 alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
@@ -53,6 +59,16 @@ alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
 IN_FLIGHT_TTL = 1.0
 """Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
 piece, which libtorrent drops)."""
+
+
+def partly_received(queue: list[dict[str, Any]]) -> set[int]:
+    """Pieces of libtorrent's download queue (``get_download_queue``) with blocks
+    already received (being written or written)."""
+    return {
+        piece["piece_index"]
+        for piece in queue
+        if any(block["state"] >= BLOCK_WRITING for block in piece["blocks"])
+    }
 
 
 class InFlight:
@@ -128,6 +144,8 @@ def read_origin(
     widths = {kind: GetWidth(received, concurrency) for kind, (concurrency, _) in shapes.items()}
 
     upload_only = False
+    peers_finish: set[int] = set()  # see PEERS_FINISH_SECONDS
+    peers_finish_until = 0.0
 
     @functools.cache
     def s3_is_far() -> bool:
@@ -332,8 +350,21 @@ def read_origin(
                 # before waiting on libtorrent's check below, which can take a while.
                 all_from_s3 = batch.kind is BatchKind.ALL
                 if all_from_s3 != upload_only:
-                    session.upload_only(manifest.info_hash, all_from_s3)
+                    peers_finish = (
+                        partly_received(handle.get_download_queue()) if all_from_s3 else set()
+                    )
+                    peers_finish_until = now + PEERS_FINISH_SECONDS
+                    session.upload_only(manifest.info_hash, all_from_s3, peers_finish)
                     upload_only = all_from_s3
+                    if peers_finish:
+                        log.info("plan is ALL: %d pieces peers partly sent left to them for "
+                                 "%.0f s", len(peers_finish), PEERS_FINISH_SECONDS)  # fmt: skip
+                if all_from_s3 and peers_finish and now < peers_finish_until:
+                    rest = [i for i in batch.pieces if i not in peers_finish]
+                    if not rest:
+                        state.finished.wait(0.1)
+                        continue
+                    batch = Batch(BatchKind.ALL, rest)
             is_all = batch.kind is BatchKind.ALL and not manifest.is_tree
             if is_all and writing_directly(artifact, state) is None:
                 state.finished.wait(0.05)  # libtorrent is still looking at the file

@@ -8,10 +8,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import libtorrent as lt
 import pytest
 
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.origin import writing_directly
+from swarm.agent.origin import partly_received, writing_directly
 from swarm.agent.registry import Artifact
 from swarm.manifest import Manifest
 from swarm.sources.peers import CHECKING, TorrentSession
@@ -227,3 +228,45 @@ def test_a_node_whose_missing_pieces_are_all_held_keeps_its_seeders(tmp_path: Pa
     finally:
         newcomer.close()
         holder.close()
+
+
+def test_upload_only_lets_libtorrent_finish_only_the_pieces_peers_partly_sent(
+    session: TorrentSession, tmp_path: Path
+) -> None:
+    # ALL: the S3 reader brings every missing piece; pieces peers had partly sent are
+    # completed by libtorrent (upload mode cancelled their blocks in flight, and S3 read
+    # them whole again), every other piece is priority 0.
+    _, manifest = _artifact(tmp_path)
+    state = session.add(manifest, tmp_path / "data.bin", [])
+    ih = manifest.info_hash
+
+    def settles(priorities: list[int], upload_mode: bool) -> None:
+        deadline = time.monotonic() + 5
+        while True:
+            now = (
+                list(state.handle.get_piece_priorities()),
+                bool(state.handle.flags() & lt.torrent_flags.upload_mode),
+            )
+            if now == (priorities, upload_mode):
+                return
+            assert time.monotonic() < deadline, now
+            time.sleep(0.02)
+
+    session.hold_back(ih, [5], True)  # a stripe's hold outlives the ALL
+    session.upload_only(ih, True, {2, 3})
+    settles([0, 0, 4, 4, 0, 0, 0, 0], upload_mode=False)
+    session.upload_only(ih, False)
+    settles([4, 4, 4, 4, 4, 0, 4, 4], upload_mode=False)
+    session.upload_only(ih, True)  # nothing partly sent: upload mode alone
+    settles([0] * PIECES, upload_mode=True)
+    session.upload_only(ih, False)
+    session.hold_back(ih, [5], False)
+    settles([4] * PIECES, upload_mode=False)
+
+
+def test_partly_received_pieces_are_those_with_a_block_in() -> None:
+    def piece(index: int, states: list[int]) -> dict[str, object]:
+        return {"piece_index": index, "blocks": [{"state": s} for s in states]}
+
+    queue = [piece(0, [1, 1]), piece(1, [3, 1]), piece(2, [2, 0]), piece(3, [0, 0])]
+    assert partly_received(queue) == {1, 2}  # type: ignore[arg-type]
