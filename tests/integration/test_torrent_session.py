@@ -15,7 +15,7 @@ from swarm.agent.hybrid import TorrentSink
 from swarm.agent.origin import partly_received, writing_directly
 from swarm.agent.registry import Artifact
 from swarm.manifest import Manifest
-from swarm.sources.peers import CHECKING, TorrentSession
+from swarm.sources.peers import CHECKING, TorrentSession, TorrentState
 from tests.conftest import make_artifact
 
 PIECE = 256 << 10
@@ -28,6 +28,20 @@ def _artifact(tmp_path: Path) -> tuple[Path, Manifest]:
     return src, Manifest.from_file(
         src, name="a.bin", piece_size=PIECE, bucket="b", key="a.bin", web_seed=None
     )
+
+
+def _settles(state: TorrentState, priorities: list[int], upload_mode: bool | None = None) -> None:
+    """Wait until libtorrent's piece priorities (and upload mode, if given) are these."""
+    deadline = time.monotonic() + 5
+    while True:
+        now = (
+            list(state.handle.get_piece_priorities()),
+            bool(state.handle.flags() & lt.torrent_flags.upload_mode),
+        )
+        if now[0] == priorities and upload_mode in (None, now[1]):
+            return
+        assert time.monotonic() < deadline, now
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -120,21 +134,15 @@ def test_a_piece_kept_from_peers_for_two_reasons_comes_again_once_both_end(
     state = session.add(manifest, tmp_path / "data.bin", [])
     ih = manifest.info_hash
 
-    def priorities(expected: list[int]) -> None:
-        deadline = time.monotonic() + 5
-        while list(state.handle.get_piece_priorities()) != expected:
-            assert time.monotonic() < deadline, list(state.handle.get_piece_priorities())
-            time.sleep(0.02)
-
     session.hold_back(ih, [0, 1], True)
     session.leave_to_owners(ih, {1, 2})
-    priorities([0, 0, 0, 4, 4, 4, 4, 4])
+    _settles(state, [0, 0, 0, 4, 4, 4, 4, 4])
     session.hold_back(ih, [0, 1], False)  # S3 brought them: the owners' 1 and 2 stay
-    priorities([4, 0, 0, 4, 4, 4, 4, 4])
+    _settles(state, [4, 0, 0, 4, 4, 4, 4, 4])
     session.leave_to_owners(ih, {2, 3})  # 1 held by a new node now, 3 newly another's
-    priorities([4, 4, 0, 0, 4, 4, 4, 4])
+    _settles(state, [4, 4, 0, 0, 4, 4, 4, 4])
     session.leave_to_owners(ih, set())
-    priorities([4] * PIECES)
+    _settles(state, [4] * PIECES)
 
 
 def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> None:
@@ -240,28 +248,16 @@ def test_upload_only_lets_libtorrent_finish_only_the_pieces_peers_partly_sent(
     state = session.add(manifest, tmp_path / "data.bin", [])
     ih = manifest.info_hash
 
-    def settles(priorities: list[int], upload_mode: bool) -> None:
-        deadline = time.monotonic() + 5
-        while True:
-            now = (
-                list(state.handle.get_piece_priorities()),
-                bool(state.handle.flags() & lt.torrent_flags.upload_mode),
-            )
-            if now == (priorities, upload_mode):
-                return
-            assert time.monotonic() < deadline, now
-            time.sleep(0.02)
-
     session.hold_back(ih, [5], True)  # a stripe's hold outlives the ALL
     session.upload_only(ih, True, {2, 3})
-    settles([0, 0, 4, 4, 0, 0, 0, 0], upload_mode=False)
+    _settles(state, [0, 0, 4, 4, 0, 0, 0, 0], upload_mode=False)
     session.upload_only(ih, False)
-    settles([4, 4, 4, 4, 4, 0, 4, 4], upload_mode=False)
+    _settles(state, [4, 4, 4, 4, 4, 0, 4, 4], upload_mode=False)
     session.upload_only(ih, True)  # nothing partly sent: upload mode alone
-    settles([0] * PIECES, upload_mode=True)
+    _settles(state, [0] * PIECES, upload_mode=True)
     session.upload_only(ih, False)
     session.hold_back(ih, [5], False)
-    settles([4] * PIECES, upload_mode=False)
+    _settles(state, [4] * PIECES, upload_mode=False)
 
 
 def test_partly_received_pieces_are_those_with_a_block_in() -> None:
