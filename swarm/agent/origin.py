@@ -144,8 +144,7 @@ def read_origin(
     widths = {kind: GetWidth(received, concurrency) for kind, (concurrency, _) in shapes.items()}
 
     upload_only = False
-    peers_finish: set[int] = set()  # see PEERS_FINISH_SECONDS
-    peers_finish_until = 0.0
+    peers_finish_until = 0.0  # see PEERS_FINISH_SECONDS
 
     @functools.cache
     def s3_is_far() -> bool:
@@ -350,17 +349,18 @@ def read_origin(
                 # before waiting on libtorrent's check below, which can take a while.
                 all_from_s3 = batch.kind is BatchKind.ALL
                 if all_from_s3 != upload_only:
-                    peers_finish = (
+                    finishing = (
                         partly_received(handle.get_download_queue()) if all_from_s3 else set()
                     )
                     peers_finish_until = now + PEERS_FINISH_SECONDS
-                    session.upload_only(manifest.info_hash, all_from_s3, peers_finish)
+                    session.upload_only(manifest.info_hash, all_from_s3, finishing)
                     upload_only = all_from_s3
-                    if peers_finish:
+                    if finishing:
                         log.info("plan is ALL: %d pieces peers partly sent left to them for "
-                                 "%.0f s", len(peers_finish), PEERS_FINISH_SECONDS)  # fmt: skip
-                if all_from_s3 and peers_finish and now < peers_finish_until:
-                    rest = [i for i in batch.pieces if i not in peers_finish]
+                                 "%.0f s", len(finishing), PEERS_FINISH_SECONDS)  # fmt: skip
+                left_to_peers = state.peers_finish  # None once upload-only ended (retrying)
+                if all_from_s3 and left_to_peers and now < peers_finish_until:
+                    rest = [i for i in batch.pieces if i not in left_to_peers]
                     if not rest:
                         state.finished.wait(0.1)
                         continue

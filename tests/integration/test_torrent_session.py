@@ -7,6 +7,7 @@ import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import libtorrent as lt
 import pytest
@@ -242,8 +243,8 @@ def test_upload_only_lets_libtorrent_finish_only_the_pieces_peers_partly_sent(
     session: TorrentSession, tmp_path: Path
 ) -> None:
     # ALL: the S3 reader brings every missing piece; pieces peers had partly sent are
-    # completed by libtorrent (upload mode cancelled their blocks in flight, and S3 read
-    # them whole again), every other piece is priority 0.
+    # completed by libtorrent (upload mode alone cancels their remaining blocks, and the
+    # reader fetches them whole), every other piece is priority 0.
     _, manifest = _artifact(tmp_path)
     state = session.add(manifest, tmp_path / "data.bin", [])
     ih = manifest.info_hash
@@ -261,8 +262,8 @@ def test_upload_only_lets_libtorrent_finish_only_the_pieces_peers_partly_sent(
 
 
 def test_partly_received_pieces_are_those_with_a_block_in() -> None:
-    def piece(index: int, states: list[int]) -> dict[str, object]:
+    def piece(index: int, states: list[int]) -> dict[str, Any]:
         return {"piece_index": index, "blocks": [{"state": s} for s in states]}
 
     queue = [piece(0, [1, 1]), piece(1, [3, 1]), piece(2, [2, 0]), piece(3, [0, 0])]
-    assert partly_received(queue) == {1, 2}  # type: ignore[arg-type]
+    assert partly_received(queue) == {1, 2}
