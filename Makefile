@@ -13,7 +13,7 @@ WHEELHOUSE_PYTHON ?= 3.12
 WHEELHOUSE_ARCH ?= $(shell uname -m)
 WHEELHOUSE := $(DIST)/wheelhouse-cp$(subst .,,$(WHEELHOUSE_PYTHON))-$(WHEELHOUSE_ARCH)
 
-.PHONY: venv test demo dist wheelhouse test-pythons bench bench-fleet bench-udp fuzz lint fmt clean
+.PHONY: venv test demo dist wheelhouse test-pythons bench bench-fleet bench-startup bench-udp fuzz lint fmt clean
 
 venv: $(STAMP)
 
@@ -82,6 +82,9 @@ bench: venv
 bench-fleet: venv
 	for s in origin-bound swarm-bound slow-uploads existing-seeders; do \
 		$(BIN)/python bench/fleet.py --scenario $$s || exit 1; done
+
+bench-startup: venv
+	$(BIN)/python bench/startup.py
 
 bench-udp: venv
 	$(BIN)/python bench/udp.py
