@@ -47,6 +47,7 @@ from swarm.pieces import parse_size, write_random_file
 BUCKET = "startup"
 NAME = "artifact.bin"
 USER, PASSWORD = "swarmbench", "swarmbench-secret"
+SECRET = "startup-bench-fleet-secret"
 RUN_TIMEOUT = 120.0
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 MARKS = {"listening": " listening on ", "first_get": "S3 reads: "}
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "SWARM_CONFIG": str(work / "no-config.toml"),
         "SWARM_CATALOG": f"s3://{BUCKET}/catalog/",
+        "SWARM_SECRET": SECRET,  # as in the fleet bench: UDP on, its server started
     }  # fmt: skip
     runs: list[NodeStart] = []
     try:
