@@ -53,7 +53,7 @@ def kept_from_peers(batch: Batch, planned: bool) -> bool:
     WIDE batch from S3 (1.51 F). Unkept, a peer that brings a piece first cuts the GET
     short. Nor for a stripe (pieces nobody else holds) or the node's own choice. A batch
     not kept from peers as a whole is kept from them one GET at a time, each GET's
-    pieces while it runs (``read_origin``)."""
+    pieces while it runs, except a planned WIDE one (``read_origin`` says why)."""
     if not planned:
         return False
     if batch.kind is BatchKind.STRIPE:

@@ -211,15 +211,23 @@ def read_origin(
         room = kept_from_peers(batch, planned) and not s3_is_far()
         held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
         # Pieces not held back for the batch are for each GET: from its start to its end,
-        # peers may not bring them (their blocks already asked for still come). A WIDE
-        # batch's GETs read pieces libtorrent asks peers for at the same time, rarest
-        # first: in the swarm-bound fleet at a quarter of its rates a node counted 9.6 MB
-        # of peers' blocks of pieces S3 brought first, and finished 2 s after the others.
-        # With this, four alternating pairs there: 24.7-26.4 s (mean 25.3) against
-        # 24.9-26.9 (25.8); other shapes unchanged within the noise.
-        # Not past libtorrent (nothing of it comes from peers), nor for a far S3 (as
-        # above; asked at the first GET: far-region's readers start none).
-        per_get = not room and target is sink
+        # peers may not bring them (their blocks already asked for still come). Not past
+        # libtorrent (nothing of it comes from peers), nor for a far S3 (as above; asked
+        # at the first GET: far-region's readers start none), nor for the coordinator's
+        # WIDE: it reads the pieces peers hold first (swarm.agent.hybrid.wide_pieces), so
+        # its GETs' pieces (eight GETs of four) are pieces peers could send, kept from
+        # them for as long as a shared origin takes to bring them. In the mixed fleet at
+        # a quarter of its rates the nodes that read WIDE batches 4-10 s in had 4-6 MB
+        # from peers by 10 s against 16-31 for the others (one run traced, `--keep`);
+        # the fleet's last node finished 2-7 s after its median in such runs. Six
+        # alternating pairs there (``bench/fleet.py --systems swarm --scenario mixed
+        # --rate-scale 0.25``): 34.46-36.58 s (mean 35.31) against 34.71-38.01 (36.41);
+        # slow uploads at a quarter 36.81, 37.08 against 40.50, 38.33; swarm-bound at a
+        # quarter, where these holds began (a node counted 9.6 MB of peers' blocks of
+        # pieces S3 brought first), 24.51-26.02 (mean 25.44) against 24.28-28.20
+        # (25.63); mixed at full rates unchanged. A peer that brings a piece first cuts
+        # the GET short.
+        per_get = not room and target is sink and not (planned and batch.kind is BatchKind.WIDE)
 
         def hold(pieces: list[int], on: bool) -> None:
             with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile

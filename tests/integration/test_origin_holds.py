@@ -1,5 +1,6 @@
 """The daemon's S3 reader keeps peers off the pieces it is reading (swarm.agent.origin):
-each GET's pieces, for as long as the GET runs, in a batch not held back as a whole."""
+each GET's pieces, for as long as the GET runs, in a batch not held back as a whole,
+except the coordinator's WIDE, whose pieces are those peers hold."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import libtorrent as lt
+import pytest
 
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
@@ -22,8 +24,9 @@ PIECE = 256 << 10
 PIECES = 16
 
 
-def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
-    env: dict[str, str], bucket: str, tmp_path: Path
+@pytest.mark.parametrize("mode", ["stripe", "wide"])
+def test_a_stripe_keeps_peers_off_each_get_s_pieces_while_it_runs_and_wide_does_not(
+    env: dict[str, str], bucket: str, tmp_path: Path, mode: str
 ) -> None:
     manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
     daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
@@ -40,8 +43,10 @@ def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
     try:
         artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
         artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
-        # the coordinator's WIDE: everything missing from S3, nothing held back as a batch
-        daemon.take_plans({manifest.info_hash: {"stripe": [], "mode": "wide"}})
+        # a stripe (every piece, no direct share: nothing held back as a batch), or the
+        # coordinator's WIDE (everything missing from S3)
+        stripe = list(range(PIECES)) if mode == "stripe" else []
+        daemon.take_plans({manifest.info_hash: {"stripe": stripe, "mode": mode}})
         reader = threading.Thread(
             target=read_origin,
             args=(session, artifact, daemon.node_id, True, lambda: None),
@@ -54,7 +59,10 @@ def test_a_wide_batch_keeps_peers_off_each_get_s_pieces_while_it_runs(
         got = (tmp_path / "data" / "a.bin").read_bytes()
         assert hashlib.sha256(got).hexdigest() == manifest.sha256
         held = [(pieces, at_zero) for pieces, on, at_zero in calls if on and pieces]
-        assert held and all(at_zero for _, at_zero in held)  # while the GET ran
+        if mode == "wide":
+            assert not held  # a WIDE batch reads the pieces peers hold: they may send them
+        else:
+            assert held and all(at_zero for _, at_zero in held)  # while the GET ran
         released = [pieces for pieces, on, _ in calls if not on and pieces]
         assert sorted(map(sorted, released)) == sorted(sorted(p) for p, _ in held)
         state = session.torrents[manifest.info_hash]
