@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swarm.lab.hosts import LocalHost
+from swarm.lab.procs import cpu_seconds, daemon_pid, stop_daemons
 from swarm.lab.s3 import SWARM, S3Server, build_minio, publish
 from swarm.pieces import parse_size, write_random_file
 
@@ -68,15 +68,6 @@ class NodeStart:
 
 def log(message: str) -> None:
     print(f"[startup {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def proc_cpu(pid: int) -> float:
-    """User + system CPU-seconds of a live process (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu(proc: subprocess.Popen[bytes]) -> float:
@@ -124,28 +115,16 @@ def run_swarm(nodes: int, round_no: int, work: Path, env: dict[str, str]) -> lis
             if proc.returncode != 0:
                 tail = Path(f"{home}.err").read_text(errors="replace")
                 raise RuntimeError(f"swarm fetch failed ({proc.returncode}): {tail[-1500:]}")
-            cpu += stop_daemon(home)
+            pid = daemon_pid(home)  # read before it is stopped
+            cpu += (cpu_seconds(pid, children=False) or 0.0) if pid else 0.0
             marks = milestones(home / "daemon.log", started)
             results.append(NodeStart("swarm", round_no, round(done, 3), round(cpu, 3), **marks))
     finally:
-        for proc, home, _ in launched:
+        for proc, _, _ in launched:
             if proc.returncode is None:
                 proc.kill()
-            stop_daemon(home)
+        stop_daemons([home for _, home, _ in launched])
     return results
-
-
-def stop_daemon(home: Path) -> float:
-    """Stop ``home``'s daemon; the CPU-seconds it used (0 if none runs)."""
-    try:
-        pid = int((home / "daemon.pid").read_text())
-    except (OSError, ValueError):
-        return 0.0
-    used = proc_cpu(pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    (home / "daemon.pid").unlink(missing_ok=True)
-    return used
 
 
 def run_aria2c(nodes: int, round_no: int, work: Path, url: str) -> list[NodeStart]:
@@ -241,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
                     runs += run_swarm(args.nodes, round_no, run_dir, env)
                 else:
                     runs += run_aria2c(args.nodes, round_no, run_dir, f"{s3.url}/{BUCKET}/{NAME}")
-                time.sleep(1.0)  # the stopped daemons' sockets and CPU settle
             log(f"round {round_no + 1} of {args.rounds} done")
     finally:
         host.stop()
