@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,12 +71,25 @@ def log(message: str) -> None:
     print(f"[startup {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def children_cpu(proc: subprocess.Popen[bytes]) -> float:
-    """CPU-seconds of an exited child (``wait4``'s usage: its own waited-for children
-    included)."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_utime + usage.ru_stime
+def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[tuple[float, float]]:
+    """Wait for every process at once; each one's (exit time, CPU-seconds): ``wait4``'s
+    usage, its own waited-for children included. A thread per process, so that one
+    that exits late does not delay the time taken of the others."""
+    ended: list[tuple[float, float]] = [(0.0, 0.0)] * len(procs)
+
+    def wait(i: int) -> None:
+        _, status, usage = os.wait4(procs[i].pid, 0)
+        procs[i].returncode = os.waitstatus_to_exitcode(status)
+        ended[i] = (time.time(), usage.ru_utime + usage.ru_stime)
+
+    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(len(procs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RUN_TIMEOUT)
+        if thread.is_alive():
+            raise RuntimeError(f"a node did not finish within {RUN_TIMEOUT:.0f} s")
+    return ended
 
 
 def milestones(daemon_log: Path, launched: float) -> dict[str, float]:
@@ -109,9 +123,9 @@ def run_swarm(nodes: int, round_no: int, work: Path, env: dict[str, str]) -> lis
         launched.append((proc, home, started))
     results = []
     try:
-        for proc, home, started in launched:
-            cpu = children_cpu(proc)
-            done = time.time() - started
+        ended = wait_all([proc for proc, _, _ in launched])
+        for (proc, home, started), (exited, cpu) in zip(launched, ended, strict=True):
+            done = exited - started
             if proc.returncode != 0:
                 tail = Path(f"{home}.err").read_text(errors="replace")
                 raise RuntimeError(f"swarm fetch failed ({proc.returncode}): {tail[-1500:]}")
@@ -140,12 +154,16 @@ def run_aria2c(nodes: int, round_no: int, work: Path, url: str) -> list[NodeStar
                 "--dir", str(dest), "--out", NAME, url]  # fmt: skip
         launched.append((subprocess.Popen(args, stdin=subprocess.DEVNULL), started))
     results = []
-    for proc, started in launched:
-        cpu = children_cpu(proc)
+    try:
+        ended = wait_all([proc for proc, _ in launched])
+    finally:
+        for proc, _ in launched:
+            if proc.returncode is None:
+                proc.kill()
+    for (proc, started), (exited, cpu) in zip(launched, ended, strict=True):
         if proc.returncode != 0:
             raise RuntimeError(f"aria2c failed ({proc.returncode})")
-        done = round(time.time() - started, 3)
-        results.append(NodeStart("aria2c", round_no, done, round(cpu, 3)))
+        results.append(NodeStart("aria2c", round_no, round(exited - started, 3), round(cpu, 3)))
     return results
 
 
