@@ -10,7 +10,7 @@ from MinIO on loopback, every node with a fresh SWARM_HOME and its own 127.0.0.x
 
 Per swarm node, from its daemon's log (its clock, as this process reads it): when the
 daemon listened and when its S3 reader started its first batch, counted from the
-node's launch; then the command's exit. CPU is the node's processes' (the CLI and its
+node's launch; then its ``done`` event. CPU is the node's processes' (the CLI and its
 daemon, read before the daemon is stopped). aria2c's row is its processes' exit and
 CPU. Rounds alternate the order; the table gives the median over rounds of each
 round's mean over nodes, and swarm's done time over aria2c's (each round's ratio, the
@@ -32,15 +32,14 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swarm.lab.hosts import LocalHost
+from swarm.lab.jobs import Job, wait_jobs
 from swarm.lab.procs import cpu_seconds, daemon_pid, stop_daemons
 from swarm.lab.s3 import SWARM, S3Server, build_minio, publish
 from swarm.pieces import parse_size, write_random_file
@@ -60,7 +59,7 @@ class NodeStart:
     system: str
     round: int
     done: float
-    """Seconds from launch to the command's exit."""
+    """Seconds from launch to the command's ``done`` event (aria2c: its exit)."""
     cpu: float
     """CPU-seconds of the node's processes."""
     listening: float | None = None
@@ -69,27 +68,6 @@ class NodeStart:
 
 def log(message: str) -> None:
     print(f"[startup {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[tuple[float, float]]:
-    """Wait for every process at once; each one's (exit time, CPU-seconds): ``wait4``'s
-    usage, its own waited-for children included. A thread per process, so that one
-    that exits late does not delay the time taken of the others."""
-    ended: list[tuple[float, float]] = [(0.0, 0.0)] * len(procs)
-
-    def wait(i: int) -> None:
-        _, status, usage = os.wait4(procs[i].pid, 0)
-        procs[i].returncode = os.waitstatus_to_exitcode(status)
-        ended[i] = (time.time(), usage.ru_utime + usage.ru_stime)
-
-    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(len(procs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(RUN_TIMEOUT)
-        if thread.is_alive():
-            raise RuntimeError(f"a node did not finish within {RUN_TIMEOUT:.0f} s")
-    return ended
 
 
 def milestones(daemon_log: Path, launched: float) -> dict[str, float]:
@@ -107,64 +85,61 @@ def milestones(daemon_log: Path, launched: float) -> dict[str, float]:
     return found
 
 
-def run_swarm(nodes: int, round_no: int, work: Path, env: dict[str, str]) -> list[NodeStart]:
-    """N fresh nodes fetch at once; each one's milestones, exit and CPU."""
-    launched: list[tuple[subprocess.Popen[bytes], Path, float]] = []
+def run_swarm(
+    host: LocalHost, nodes: int, round_no: int, work: Path, env: dict[str, str]
+) -> list[NodeStart]:
+    """N fresh nodes fetch at once; each one's milestones, done time and CPU."""
+    jobs, homes = [], []
     for n in range(nodes):
         home, dest = work / f"home-{n}", work / f"dest-{n}"
         dest.mkdir()
         args = [*SWARM, "fetch", NAME, str(dest / NAME), "--listen", f"127.0.0.{n + 2}", "--json"]
-        started = time.time()
-        with Path(f"{home}.err").open("wb") as errors:  # the CLI's stderr
-            proc = subprocess.Popen(
-                args, env={**env, "SWARM_HOME": str(home)}, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=errors,
-            )  # fmt: skip
-        launched.append((proc, home, started))
+        node_env = {**env, "SWARM_HOME": str(home)}
+        jobs.append(
+            Job(f"swarm-{n}", host, args, node_env, work / f"home-{n}.err", time.monotonic())
+        )
+        homes.append(home)
+    wall_offset = time.time() - time.monotonic()  # the daemons' logs are on the wall clock
     results = []
     try:
-        ended = wait_all([proc for proc, _, _ in launched])
-        for (proc, home, started), (exited, cpu) in zip(launched, ended, strict=True):
-            done = exited - started
-            if proc.returncode != 0:
-                tail = Path(f"{home}.err").read_text(errors="replace")
-                raise RuntimeError(f"swarm fetch failed ({proc.returncode}): {tail[-1500:]}")
+        wait_jobs(jobs, RUN_TIMEOUT, "swarm fetch")
+        for job, home in zip(jobs, homes, strict=True):
             pid = daemon_pid(home)  # read before it is stopped
-            cpu += (cpu_seconds(pid, children=False) or 0.0) if pid else 0.0
-            marks = milestones(home / "daemon.log", started)
-            results.append(NodeStart("swarm", round_no, round(done, 3), round(cpu, 3), **marks))
+            cpu = job.cpu_seconds() + ((cpu_seconds(pid, children=False) or 0.0) if pid else 0.0)
+            marks = milestones(home / "daemon.log", wall_offset + job.started)
+            results.append(
+                NodeStart("swarm", round_no, round(job.seconds, 3), round(cpu, 3), **marks)
+            )
     finally:
-        for proc, _, _ in launched:
-            if proc.returncode is None:
-                proc.kill()
-        stop_daemons([home for _, home, _ in launched])
+        for job in jobs:
+            if job.process.poll() is None:
+                job.process.kill()
+        stop_daemons(homes)
     return results
 
 
-def run_aria2c(nodes: int, round_no: int, work: Path, url: str) -> list[NodeStart]:
-    """N ``aria2c`` processes fetch the object over HTTP at once."""
+def run_aria2c(host: LocalHost, nodes: int, round_no: int, work: Path, url: str) -> list[NodeStart]:
+    """N ``aria2c`` processes fetch the object over HTTP at once (done: their exit)."""
     exe = shutil.which("aria2c")
     assert exe is not None
-    launched = []
+    jobs = []
     for n in range(nodes):
         dest = work / f"aria-{n}"
         dest.mkdir()
-        started = time.time()
         args = [exe, "--quiet=true", "--allow-overwrite=true", "--file-allocation=none",
                 "--dir", str(dest), "--out", NAME, url]  # fmt: skip
-        launched.append((subprocess.Popen(args, stdin=subprocess.DEVNULL), started))
-    results = []
+        jobs.append(Job(f"aria2c-{n}", host, args, dict(os.environ), work / f"aria-{n}.err",
+                        time.monotonic(), done_on_exit=True))  # fmt: skip
     try:
-        ended = wait_all([proc for proc, _ in launched])
+        wait_jobs(jobs, RUN_TIMEOUT, "aria2c")
     finally:
-        for proc, _ in launched:
-            if proc.returncode is None:
-                proc.kill()
-    for (proc, started), (exited, cpu) in zip(launched, ended, strict=True):
-        if proc.returncode != 0:
-            raise RuntimeError(f"aria2c failed ({proc.returncode})")
-        results.append(NodeStart("aria2c", round_no, round(exited - started, 3), round(cpu, 3)))
-    return results
+        for job in jobs:
+            if job.process.poll() is None:
+                job.process.kill()
+    return [
+        NodeStart("aria2c", round_no, round(job.seconds, 3), round(job.cpu_seconds(), 3))
+        for job in jobs
+    ]
 
 
 def summarize(runs: list[NodeStart]) -> dict[str, dict[str, float | None]]:
@@ -235,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir = work / f"{system}-{round_no}"
                 run_dir.mkdir()
                 if system == "swarm":
-                    runs += run_swarm(args.nodes, round_no, run_dir, env)
+                    runs += run_swarm(host, args.nodes, round_no, run_dir, env)
                 else:
-                    runs += run_aria2c(args.nodes, round_no, run_dir, f"{s3.url}/{BUCKET}/{NAME}")
+                    url = f"{s3.url}/{BUCKET}/{NAME}"
+                    runs += run_aria2c(host, args.nodes, round_no, run_dir, url)
             log(f"round {round_no + 1} of {args.rounds} done")
     finally:
         host.stop()

@@ -39,7 +39,7 @@ from typing import Any
 from swarm.lab.coordinator import Coordinator
 from swarm.lab.fleetdata import FleetConfig, NodeResult, SystemResult
 from swarm.lab.jobs import CpuSampler, FleetError, Job, wait_jobs
-from swarm.lab.netlab import Lab, LabError, lab_unavailable
+from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
 from swarm.lab.procs import cpu_seconds
 from swarm.lab.s3 import S3Error, S3Server, publish
 from swarm.lab.systems import SEEDER_TIMEOUT, System, system
@@ -252,7 +252,10 @@ class Fleet:
                 wait_jobs(jobs, config.timeout(), name)
             all_done = max(j.seconds for j in jobs)
             origin_tx = self.origin.tx_bytes() - origin_before
-            cpu_by_node = {job.name: self._node_cpu(job) for job in jobs}
+            cpu_by_node = {
+                job.name: self._node_cpu(job, host)
+                for job, host in zip(jobs, self.node_hosts, strict=True)
+            }
         finally:
             if self.tracer:
                 os.killpg(self.tracer.pid, signal.SIGTERM)
@@ -288,10 +291,10 @@ class Fleet:
             cpu.average, cpu.saturated, notes,
         )  # fmt: skip
 
-    def _node_cpu(self, job: Job) -> float:
-        """CPU seconds of ``job``'s node so far: every process in its namespace (a
-        daemon, a seeding client) and the client, alive or exited."""
-        others = [pid for pid in job.host.pids() if pid != job.process.pid]
+    def _node_cpu(self, job: Job, host: Host) -> float:
+        """CPU seconds of ``job``'s node (``host``) so far: every process in its namespace
+        (a daemon, a seeding client) and the client, alive or exited."""
+        others = [pid for pid in host.pids() if pid != job.process.pid]
         return sum(cpu_seconds(pid) or 0.0 for pid in others) + job.cpu_seconds()
 
     def _start_seeders(self, sys_: System, root: Path) -> None:

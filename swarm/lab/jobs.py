@@ -15,7 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from swarm.lab.netlab import Host
+from swarm.lab.hosts import LabHost
 from swarm.lab.procs import cpu_seconds
 
 CPU_SAMPLE = 1.0
@@ -36,7 +36,7 @@ class Job:
     def __init__(
         self,
         name: str,
-        host: Host,
+        host: LabHost,
         args: list[str],
         env: dict[str, str],
         log_path: Path,
@@ -44,7 +44,6 @@ class Job:
         done_on_exit: bool = False,
     ) -> None:
         self.name = name
-        self.host = host
         self.started = started
         self.done_on_exit = done_on_exit
         self.done_at: float | None = None
