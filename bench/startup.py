@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swarm.lab.hosts import LocalHost
+from swarm.lab.hosts import LocalHost, free_port
 from swarm.lab.jobs import Job, wait_jobs
 from swarm.lab.procs import cpu_seconds, daemon_pid, stop_daemons
 from swarm.lab.s3 import SWARM, S3Server, build_minio, publish
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     runs: list[NodeStart] = []
     try:
-        s3 = S3Server(host, "minio", 19300, work, env)
+        s3 = S3Server(host, "minio", free_port(), work, env)
         env["AWS_ENDPOINT_URL"] = s3.url
         s3.start()
         s3.create_bucket(BUCKET, public_read=True)
