@@ -199,6 +199,9 @@ class OriginPlan:
     s3_estimate: float | None = None
     direct: float = 0.0
     """Share of the artifact to read from S3 for this node alone, besides the stripe."""
+    fleet_down: float = 0.0
+    """What the fleet's fetching nodes can receive (the median of their download peaks,
+    bytes/s; 0: not known): the node's uplink pacer judges its link's asymmetry by it."""
     holders: tuple[str, ...] = ()
     """Addresses of nodes that hold the whole artifact, in a node's first plans (before
     it holds a piece): its UDP source may start from them before libtorrent connects."""
@@ -216,6 +219,7 @@ class OriginPlan:
             return None
         estimate = body.get("s3_estimate")
         direct = body.get("direct")
+        fleet_down = body.get("fleet_down")
         holders = body.get("holders") or []
         if not isinstance(holders, list):
             return None
@@ -227,6 +231,7 @@ class OriginPlan:
             fill=bool(body.get("fill")),
             s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
             direct=min(1.0, max(0.0, float(direct))) if isinstance(direct, int | float) else 0.0,
+            fleet_down=max(0.0, float(fleet_down)) if isinstance(fleet_down, int | float) else 0.0,
             holders=tuple(h for h in holders if isinstance(h, str) and _is_ip(h)),
             peers=tuple(a for a in map(_peer_addr, peers) if a is not None),
         )

@@ -552,6 +552,16 @@ class Daemon:
             artifacts = list(self.artifacts.values())
         return any(artifact.fetching for artifact in artifacts)
 
+    def fleet_down(self) -> float:
+        """What the fleets of the artifacts being fetched can receive, as their
+        coordinators' plans say (bytes/s, the most of them; 0: not known)."""
+        with self._lock:
+            artifacts = list(self.artifacts.values())
+        return max(
+            (a.plan.fleet_down for a in artifacts if a.fetching and a.plan is not None),
+            default=0.0,
+        )
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "node": self.node_id,

@@ -168,7 +168,9 @@ async def serve(
     wake = asyncio.Event()
     daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(watch_loop(daemon))]
-    pacer = UplinkPacer.for_address(listen_ip, daemon.session.peer_endpoints, daemon.fetching)
+    pacer = UplinkPacer.for_address(
+        listen_ip, daemon.session.peer_endpoints, daemon.fetching, daemon.fleet_down
+    )
     if pacer is not None:
         pacer.start()
     if settings.coordinator:

@@ -422,6 +422,14 @@ class CapacityBook:
         art = self._artifacts.get(info_hash)
         return art is not None and art.all_taken_back
 
+    def fleet_down(self, info_hash: str) -> float:
+        """The median of the fetching nodes' download peaks (bytes/s; 0 before any): what
+        a node of this fleet can receive, told to each node for its uplink pacer
+        (:data:`swarm.agent.uplink.ASYMMETRY`)."""
+        art = self._artifacts.get(info_hash)
+        downs = [link.down for link in art.links.values() if link.down > 0] if art else []
+        return statistics.median(downs) if downs else 0.0
+
     def last(self, info_hash: str) -> Allocation | None:
         """The artifact's allocation as last computed (None before the first)."""
         art = self._artifacts.get(info_hash)

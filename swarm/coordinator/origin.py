@@ -127,6 +127,9 @@ class OriginPlan:
     direct: float = 0.0
     """Share of the artifact the node should read from S3 for itself besides its stripe
     (the allocation's direct part, :mod:`swarm.coordinator.allocate`)."""
+    fleet_down: float = 0.0
+    """The median of the fetching nodes' download peaks, bytes/s
+    (:meth:`CapacityBook.fleet_down`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -135,6 +138,7 @@ class OriginPlan:
             "s3_estimate": self.s3_estimate,
             "fill": self.fill,
             "direct": self.direct,
+            "fleet_down": round(self.fleet_down),
         }
 
 
@@ -365,7 +369,8 @@ class StripePlanner:
                 info_hash, node, allocation, s3, delivered, estimate
             ):
                 fill = True
-        return OriginPlan(done.stripe, mode, estimate, fill, rates, direct)
+        fleet_down = self.capacity.fleet_down(info_hash)
+        return OriginPlan(done.stripe, mode, estimate, fill, rates, direct, fleet_down)
 
     def _origin_idles(
         self,

@@ -1,6 +1,7 @@
 """The daemon's S3 reader keeps peers off the pieces it is reading (swarm.agent.origin):
 each GET's pieces, for as long as the GET runs, in a batch not held back as a whole,
-except the coordinator's WIDE, whose pieces are those peers hold."""
+except the coordinator's WIDE, whose pieces are those peers hold; and under ALL it
+leaves peers the pieces they had partly sent only while it has others to read."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import libtorrent as lt
 import pytest
 
+from swarm.agent import origin
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
 from swarm.config import Settings
@@ -82,5 +84,47 @@ def test_a_stripe_keeps_peers_off_each_get_s_pieces_while_it_runs_and_wide_does_
         assert priorities == [DEFAULT_PIECE_PRIORITY] * PIECES or (
             priorities == [0] * PIECES and handle.status().state == lt.torrent_status.finished
         )
+    finally:
+        daemon.close()
+
+
+def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
+    env: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At the switch to ALL the pieces peers had partly sent are theirs to finish for
+    # PEERS_FINISH_SECONDS, while S3 reads the rest. Once S3 has nothing else to read it
+    # takes them too, rather than idle: slow uploads' last node waited 2 s on seven
+    # pieces from peers sending 0.6 MB/s each. Here no peer sends them at all, and the
+    # window is long: the fetch ends well inside it, or waited for it.
+    monkeypatch.setattr(origin, "PEERS_FINISH_SECONDS", 60.0)
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    session = daemon.session
+    real_upload_only = session.upload_only
+    left: list[set[int]] = []
+
+    def upload_only(info_hash: str, on: bool, finishing: object = ()) -> None:
+        partly = {3, 9} if on else set()  # as if peers had sent a block of each
+        left.append(partly)
+        real_upload_only(info_hash, on, partly)
+
+    session.upload_only = upload_only  # type: ignore[method-assign]
+    try:
+        artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
+        artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
+        # the plan stays fresh for the fetch (no coordinator here to renew it)
+        daemon.take_plans({manifest.info_hash: {"stripe": [], "mode": "all"}}, interval=60)
+        reader = threading.Thread(
+            target=read_origin,
+            args=(session, artifact, daemon.node_id, True, lambda: None),
+            daemon=True,
+        )
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive(), "the reader waited on peers that send nothing"
+        assert left and left[0] == {3, 9}  # they were left to peers at the switch
+        assert artifact.complete_on_disk()
+        got = (tmp_path / "data" / "a.bin").read_bytes()
+        assert hashlib.sha256(got).hexdigest() == manifest.sha256
     finally:
         daemon.close()

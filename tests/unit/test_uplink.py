@@ -67,6 +67,13 @@ def test_queue_delay_is_what_every_sending_flow_sees() -> None:
     assert queue_delay([FlowInfo(True, 0.30, 0.01), FlowInfo(True, 0.011, 0.01)]) < QUEUE_DELAY
     assert queue_delay([FlowInfo(True, 0.30, 0.01)]) == 0.0  # one flow cannot tell
     assert queue_delay([FlowInfo(True, 0.30, 0.0), FlowInfo(True, 0.3, 0.0)]) == 0.0
+    # a connection opened into the queue has never seen the link without it
+    born_queued = [
+        FlowInfo(True, 0.30, 0.01),
+        FlowInfo(True, 0.62, 0.62),
+        FlowInfo(False, 0, 0.0001),
+    ]
+    assert queue_delay(born_queued) == pytest.approx(0.2999)
 
 
 def test_pacing_starts_on_a_narrow_uplink_with_a_standing_queue() -> None:
@@ -80,6 +87,17 @@ def test_pacing_starts_on_a_narrow_uplink_with_a_standing_queue() -> None:
     # slow uploads' last node: its full uplink held its downloads to 2.7 MB/s at most
     starved = rates(sent=620_000, received=2_680_000)
     assert first_budget(starved, 0.2) == pytest.approx(PACE_SHARE * 620_000)
+
+
+def test_a_node_held_below_its_link_is_judged_by_what_the_fleet_receives() -> None:
+    # slow uploads' last node in another run: 2.3 MB/s at most for 20 s, while the
+    # median node's download peak was 7.5-8.7
+    held = rates(sent=640_000, received=2_300_000)
+    assert first_budget(held, 0.2) is None
+    assert first_budget(held, 0.2, fleet_down=7_500_000) == pytest.approx(PACE_SHARE * 640_000)
+    # a fleet of links three times as fast down as up (mixed) still leaves uploads whole
+    mixed = rates(sent=3_000_000, received=6_000_000)
+    assert first_budget(mixed, 0.2, fleet_down=9_000_000) is None
 
 
 @pytest.fixture
