@@ -222,9 +222,11 @@ class CapacityBook:
         piece_size: int,
         backlog: int = 0,
         s3_peak: float = 0.0,
+        received: float = -1.0,
     ) -> None:
         """Record one node's report. ``backlog``: bytes that peers hold and it lacks;
-        ``piece_size``: the artifact's (the fast warm-up's threshold is in pieces)."""
+        ``piece_size``: the artifact's (the fast warm-up's threshold is in pieces);
+        ``received``: bytes/s from every source over its last interval (-1: unknown)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             art = self._artifacts[info_hash] = _Artifact(size, piece_size)
@@ -258,7 +260,7 @@ class CapacityBook:
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
             )
             up = up_peak if shown else max(up_peak, down_peak)
-            art.links[node] = Link(down_peak, up, peers, shown, s3_peak)
+            art.links[node] = Link(down_peak, up, peers, shown, s3_peak, received)
 
     def note_origin(self, info_hash: str, aggregate: float) -> None:
         """What S3 gives its readers together now (bytes/s), for the origin's peak."""
@@ -500,14 +502,23 @@ def s3_slowed(art: _Artifact, now: float) -> bool:
     two :data:`ORIGIN_WINDOW`), less than :data:`ALL_SLOWED` of its S3 peak, and the
     fleet, over the last :data:`RECENT_SECONDS`, less than that share of the origin's
     peak average (where the nodes send their byte counters; else the nodes' shares
-    decide). Nodes with no recent report are left out (every report carries the node's
-    S3 rate)."""
+    decide), and the median node receives less than that share of its download peak from
+    every source (where known). Nodes with no recent report are left out (every report
+    carries the node's S3 rate)."""
     shares = []
     for node, link in art.links.items():
         rate, at = art.s3_rates.get(node, (0.0, -math.inf))
         if link.s3 > 0 and now - at <= 2 * ORIGIN_WINDOW:
             shares.append(rate / link.s3)
     if not shares or statistics.median(shares) >= ALL_SLOWED:
+        return False
+    # Under ALL a node takes nothing from peers: one that still receives most of its
+    # link has not begun reading under it (s3-fast at a quarter: ALL allocated, the
+    # nodes on their stripes and peers for 1-3 s more, at 5-7 MB/s of 7.7 from peers
+    # and 1.5 from S3; ALL was taken back 2.7 s in, and the fleet finished on stripes
+    # and peers a second later than under ALL)
+    fed = [k.received / k.down for k in art.links.values() if k.received >= 0 and k.down > 0]
+    if fed and statistics.median(fed) >= ALL_SLOWED:
         return False
     (then, before), (_, latest) = art.totals[0], art.totals[-1]
     if now - then < RECENT_SECONDS or art.origin_peak <= 0 or latest <= 0:

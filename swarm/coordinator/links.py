@@ -56,6 +56,9 @@ class Link:
     """Peers have held a backlog for the node (its upload peak is a capacity)."""
     s3: float = 0.0
     """The most S3 gave the node over one report interval."""
+    received: float = -1.0
+    """What the node received from every source over its last report interval (-1: not
+    known yet)."""
 
 
 def snapshot(

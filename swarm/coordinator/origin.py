@@ -205,6 +205,7 @@ class StripePlanner:
             down_peak=rates.down_peak,
             up_peak=rates.up_peak,
             s3_peak=rates.s3_peak,
+            received=rates.received_now,
             peers=rates.down.get("peers", 0.0),
             complete=complete,
             backlog=backlog,

@@ -106,13 +106,17 @@ def _report(
     complete: bool = False,
     backlog: int = 0,
     s3: float = 0.0,
+    received: float | None = None,
 ) -> None:
     """Each of ``names`` reports its link peaks, peer rate and most S3 over one interval
-    (Mbit/s) for one artifact, and the bytes peers hold that it lacks."""
+    (Mbit/s) for one artifact, the bytes peers hold that it lacks, and what it received
+    over its last interval (None: not known)."""
+    now = -1.0 if received is None else received * MBIT
     for name in names:
         book.update(
             name, "ih", F, down_peak=down * MBIT, up_peak=up * MBIT, peers=peers * MBIT,
             complete=complete, piece_size=1 << 20, backlog=backlog, s3_peak=s3 * MBIT,
+            received=now,
         )  # fmt: skip
 
 
@@ -411,6 +415,34 @@ def test_all_stands_while_the_origin_gives_the_fleet_as_much() -> None:
         t += SNAPSHOT_PERIOD
     for _ in range(3):  # 40 each, 240 together: a fifth, S3 slowed
         s3_now(40, t)
+        book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        t += SNAPSHOT_PERIOD
+    assert book.all_taken_back("ih")
+
+
+def test_all_stands_while_the_nodes_still_take_their_links_from_peers() -> None:
+    """ALL reaches a node with its next report, and its reader takes it after the batch
+    it is on: for a second or three the nodes still read their stripes and take most of
+    their links from peers, S3 at a fraction of its peak. That is no slowed S3 (s3-fast
+    at a quarter had ALL taken back so, and finished a second later on stripes); S3 that
+    slows while the nodes receive next to nothing else is."""
+    book, names = _under_all(200 * MBIT, readers=6)
+    read = counted_reads(book, names)
+    t = 0.0
+    while t < PEERS_WARMUP + ALL_PROOF:  # the stripes: 150 each
+        read(150, t)
+        book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        t += SNAPSHOT_PERIOD
+    for _ in range(3):  # S3 at 40 of 220 each; peers 160 of their 250
+        _report(book, names, down=250, up=250, peers=160, s3=220, received=200)
+        read(40, t)
+        plan = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
+        assert plan is not None and plan.mode is Mode.ALL
+        t += SNAPSHOT_PERIOD
+    assert not book.all_taken_back("ih")
+    for _ in range(3):  # under ALL at last, and S3 gives them as little
+        _report(book, names, down=250, up=250, peers=0, s3=220, received=40)
+        read(40, t)
         book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         t += SNAPSHOT_PERIOD
     assert book.all_taken_back("ih")
