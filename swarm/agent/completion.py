@@ -218,6 +218,8 @@ class Completion:
         sink.bytes_by_source["peers"] = old.bytes_by_source.get("peers", 0) + (
             before.total_payload_download if before is not None else 0
         )
+        if before is not None:
+            artifact.peers_redundant_before += before.total_redundant_bytes
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
 
 
@@ -225,8 +227,9 @@ def _received(session: TorrentSession, artifact: Artifact) -> str:
     """What the fetch received against the artifact's size, for the completion's log line:
     S3's bytes as they streamed in, peers' payload (with what an earlier handle counted,
     as the status shows it: the verified file is handed to a new one in seed mode). The
-    excess over the size came twice or in vain, where libtorrent's own redundant count
-    sees only blocks it got twice, not pieces the S3 reader wrote beside it."""
+    excess over the size came twice or in vain; libtorrent's redundant count, shown
+    beside it, sees only the peers' blocks it got twice or no longer wanted, not pieces
+    the S3 reader wrote beside them."""
     state = session.torrents.get(artifact.info_hash)
     try:
         status = state.handle.status() if state is not None else None
@@ -235,7 +238,11 @@ def _received(session: TorrentSession, artifact: Artifact) -> str:
     by_source = artifact.sink.bytes_by_source
     peers = by_source.get("peers", 0) + (status.total_payload_download if status is not None else 0)
     s3, udp = artifact.s3_streamed.total, by_source.get("udp", 0)
+    redundant = artifact.peers_redundant_before + (
+        status.total_redundant_bytes if status is not None else 0
+    )
     return (
         f" (received {(s3 + peers + udp) / 1e6:.1f} MB for {artifact.manifest.size / 1e6:.1f}:"
-        f" S3 {s3 / 1e6:.1f}, peers {peers / 1e6:.1f}, UDP {udp / 1e6:.1f})"
+        f" S3 {s3 / 1e6:.1f}, peers {peers / 1e6:.1f}, UDP {udp / 1e6:.1f};"
+        f" {redundant / 1e6:.1f} of peers' redundant as libtorrent counts them)"
     )

@@ -120,6 +120,9 @@ class Artifact:
     once (it looked every 0.1 s: half of that, on average, of a far node's start)."""
     direct_pieces: int = 0
     """Pieces read from S3 as the plan's direct share (against ``plan.direct``)."""
+    peers_redundant_before: int = 0
+    """Bytes of peers' payload libtorrent called redundant on a handle replaced since (the
+    verified file handed to a new one in seed mode), for the completion's log line."""
     peers_idle_since: float | None = None
     """Since when no connected peer holds a missing piece (None: one does)."""
     identity: FileIdentity | None = None
