@@ -200,6 +200,9 @@ class _Artifact:
     """ALL was taken back this cohort (S3 slowed): the origin is what it gave the fleet
     since (not the per-reader estimate, which remembers the faster S3 for tens of
     seconds); ALL comes back only if S3 fills every link at once again."""
+    fleet_down: tuple[float, float] = (0.0, -math.inf)
+    """(the median of the fetching nodes' download peaks, when it was taken): taken at
+    most every :data:`SNAPSHOT_PERIOD`, not at each of the fleet's reports."""
 
 
 class CapacityBook:
@@ -424,13 +427,19 @@ class CapacityBook:
         art = self._artifacts.get(info_hash)
         return art is not None and art.all_taken_back
 
-    def fleet_down(self, info_hash: str) -> float:
-        """The median of the fetching nodes' download peaks (bytes/s; 0 before any): what
-        a node of this fleet can receive, told to each node for its uplink pacer
-        (:data:`swarm.agent.uplink.ASYMMETRY`)."""
+    def fleet_down(self, info_hash: str, now: float) -> float:
+        """The median of the fetching nodes' download peaks (bytes/s; 0 before any), as of
+        at most :data:`SNAPSHOT_PERIOD` ago: what a node of this fleet can receive, told to
+        each node for its uplink pacer (:func:`swarm.agent.uplink.narrow_uplink`)."""
         art = self._artifacts.get(info_hash)
-        downs = [link.down for link in art.links.values() if link.down > 0] if art else []
-        return statistics.median(downs) if downs else 0.0
+        if art is None:
+            return 0.0
+        value, at = art.fleet_down
+        if now - at >= SNAPSHOT_PERIOD or now < at:
+            downs = [link.down for link in art.links.values() if link.down > 0]
+            value = statistics.median(downs) if downs else 0.0
+            art.fleet_down = (value, now)
+        return value
 
     def last(self, info_hash: str) -> Allocation | None:
         """The artifact's allocation as last computed (None before the first)."""

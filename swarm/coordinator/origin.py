@@ -370,7 +370,7 @@ class StripePlanner:
                 info_hash, node, allocation, s3, delivered, estimate
             ):
                 fill = True
-        fleet_down = self.capacity.fleet_down(info_hash)
+        fleet_down = self.capacity.fleet_down(info_hash, now)
         return OriginPlan(done.stripe, mode, estimate, fill, rates, direct, fleet_down)
 
     def _origin_idles(

@@ -569,18 +569,21 @@ def test_s3_rate_of_the_moment_is_over_the_readers_busy_seconds():
 
 def test_a_plan_tells_the_node_what_the_fleet_s_fetching_nodes_receive():
     """``fleet_down``, for the node's uplink pacer: the median of the fetching nodes'
-    download peaks (one held below its link by its own uploads is judged by it)."""
+    download peaks (one held below its link by its own uploads is judged by it), taken
+    at most once a snapshot period, not at each of the fleet's reports."""
     planner = StripePlanner(stripe_bytes=8 * MiB)
     for node in "abc":
         assert _plan(planner, node, now=0.0).fleet_down == 0.0  # nothing measured yet
     _plan(planner, "a", now=1.0, s3=2 * MiB)
-    _plan(planner, "b", now=1.0, s3=8 * MiB)
-    c = _plan(planner, "c", now=1.0, s3=9 * MiB)
+    _plan(planner, "b", now=1.1, s3=8 * MiB)
+    c = _plan(planner, "c", now=1.2, s3=9 * MiB)
+    assert c.fleet_down == pytest.approx(2 * MiB, rel=0.1)  # as of a's report, at 1.0
+    c = _plan(planner, "c", now=2.0, s3=9 * MiB)
     assert c.fleet_down == pytest.approx(8 * MiB, rel=0.1)
     assert c.to_json()["fleet_down"] == round(c.fleet_down)
     from_json = OriginPlan.from_json(c.to_json())
     assert from_json is not None and from_json.fleet_down == pytest.approx(c.fleet_down, abs=1)
     # a node that finished is no longer among them
-    _plan(planner, "c", now=2.0, complete=True, held=(1 << 64) - 1, s3=64 * MiB)
-    a = _plan(planner, "a", now=2.0, s3=4 * MiB)
+    _plan(planner, "c", now=2.5, complete=True, held=(1 << 64) - 1, s3=64 * MiB)
+    a = _plan(planner, "a", now=3.0, s3=4 * MiB)
     assert a.fleet_down == pytest.approx(5 * MiB, rel=0.2)
