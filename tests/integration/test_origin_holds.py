@@ -17,6 +17,7 @@ from swarm.agent import origin
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
 from swarm.config import Settings
+from swarm.manifest import Manifest
 from swarm.s3http import S3Client
 from swarm.sources.peers import DEFAULT_PIECE_PRIORITY
 from tests.conftest import put_artifact
@@ -24,6 +25,34 @@ from tests.servers import free_port
 
 PIECE = 256 << 10
 PIECES = 16
+
+
+def read_to_the_end(
+    daemon: Daemon,
+    manifest: Manifest,
+    env: dict[str, str],
+    tmp_path: Path,
+    plan: dict[str, object],
+    interval: float = 1.0,
+    timeout: float = 60.0,
+) -> None:
+    """Run the daemon's S3 reader on the artifact under ``plan`` (a coordinator's, fresh
+    for three ``interval``) on a thread, as the daemon does, until it ends; check the
+    file it wrote."""
+    dest = tmp_path / "data" / "a.bin"
+    artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
+    artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
+    daemon.take_plans({manifest.info_hash: plan}, interval=interval)
+    reader = threading.Thread(
+        target=read_origin,
+        args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(timeout)
+    assert not reader.is_alive(), f"the S3 reader had not finished after {timeout} s"
+    assert artifact.complete_on_disk()
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == manifest.sha256
 
 
 @pytest.mark.parametrize("mode", ["stripe", "wide"])
@@ -43,23 +72,10 @@ def test_a_stripe_keeps_peers_off_each_get_s_pieces_while_it_runs_and_wide_does_
 
     session.hold_back = hold_back  # type: ignore[method-assign]
     try:
-        artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
-        artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
         # a stripe (every piece, no direct share: nothing held back as a batch), or the
         # coordinator's WIDE (everything missing from S3)
         stripe = list(range(PIECES)) if mode == "stripe" else []
-        daemon.take_plans({manifest.info_hash: {"stripe": stripe, "mode": mode}})
-        reader = threading.Thread(
-            target=read_origin,
-            args=(session, artifact, daemon.node_id, True, lambda: None),
-            daemon=True,
-        )
-        reader.start()
-        reader.join(60)
-        assert not reader.is_alive()
-        assert artifact.complete_on_disk()
-        got = (tmp_path / "data" / "a.bin").read_bytes()
-        assert hashlib.sha256(got).hexdigest() == manifest.sha256
+        read_to_the_end(daemon, manifest, env, tmp_path, {"stripe": stripe, "mode": mode})
         held = [(pieces, at_zero) for pieces, on, at_zero in calls if on and pieces]
         if mode == "wide":
             assert not held  # a WIDE batch reads the pieces peers hold: they may send them
@@ -110,21 +126,9 @@ def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
 
     session.upload_only = upload_only  # type: ignore[method-assign]
     try:
-        artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
-        artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
-        # the plan stays fresh for the fetch (no coordinator here to renew it)
-        daemon.take_plans({manifest.info_hash: {"stripe": [], "mode": "all"}}, interval=60)
-        reader = threading.Thread(
-            target=read_origin,
-            args=(session, artifact, daemon.node_id, True, lambda: None),
-            daemon=True,
-        )
-        reader.start()
-        reader.join(30)
-        assert not reader.is_alive(), "the reader waited on peers that send nothing"
+        # the plan stays fresh for the fetch (no coordinator here to renew it); the
+        # reader waits on peers that send nothing, or finishes well inside the window
+        read_to_the_end(daemon, manifest, env, tmp_path, {"stripe": [], "mode": "all"}, 60, 30)
         assert left and left[0] == {3, 9}  # they were left to peers at the switch
-        assert artifact.complete_on_disk()
-        got = (tmp_path / "data" / "a.bin").read_bytes()
-        assert hashlib.sha256(got).hexdigest() == manifest.sha256
     finally:
         daemon.close()
