@@ -110,10 +110,7 @@ def run_swarm(
             results.append(
                 NodeStart("swarm", round_no, round(job.seconds, 3), round(cpu, 3), **marks)
             )
-    finally:
-        for job in jobs:
-            if job.process.poll() is None:
-                job.process.kill()
+    finally:  # the CLIs are the host's (LocalHost.stop); their daemons detached from them
         stop_daemons(homes)
     return results
 
@@ -130,12 +127,7 @@ def run_aria2c(host: LocalHost, nodes: int, round_no: int, work: Path, url: str)
                 "--dir", str(dest), "--out", NAME, url]  # fmt: skip
         jobs.append(Job(f"aria2c-{n}", host, args, dict(os.environ), work / f"aria-{n}.err",
                         time.monotonic(), done_on_exit=True))  # fmt: skip
-    try:
-        wait_jobs(jobs, RUN_TIMEOUT, "aria2c")
-    finally:
-        for job in jobs:
-            if job.process.poll() is None:
-                job.process.kill()
+    wait_jobs(jobs, RUN_TIMEOUT, "aria2c")  # on a failure, LocalHost.stop ends them
     return [
         NodeStart("aria2c", round_no, round(job.seconds, 3), round(job.cpu_seconds(), 3))
         for job in jobs

@@ -215,11 +215,10 @@ class Completion:
         sink = TorrentSink(self.session, artifact.manifest)
         sink.bytes_by_source, sink.hash_failures = old.bytes_by_source, old.hash_failures
         # what peers gave lives in the old handle's counters: carried (see status.describe)
-        sink.bytes_by_source["peers"] = old.bytes_by_source.get("peers", 0) + (
-            before.total_payload_download if before is not None else 0
+        sink.bytes_by_source["peers"] = (
+            old.bytes_by_source.get("peers", 0) + before.total_payload_download
         )
-        if before is not None:
-            artifact.peers_redundant_before += before.total_redundant_bytes
+        artifact.peers_redundant_before += before.total_redundant_bytes
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
 
 
