@@ -12,11 +12,13 @@ import contextlib
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from swarm.agent.direct import DirectSink
+from swarm.agent.holdwatch import BEHIND_SHARE, HoldWatch
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.stuck import BLOCK_WRITING
@@ -46,6 +48,13 @@ Under ALL, the whole-file SHA-256 follows the file's prefix: eight 16 MiB GETs s
 side completed it only at the end, and the hash of all of it (0.1 s for 128 MiB) came
 after the last byte. Not smaller: every GET costs a first-byte latency on S3 (tens of ms;
 AWS advises 8-16 MiB)."""
+
+DIRECT_BATCH_SECONDS = 4.0
+"""A batch's direct share (held from peers as a whole) is at most this many seconds of
+S3 at the plan's rate. Read 32 pieces at a time, it held them from peers for as long
+as S3 took: after an origin fell to an eighth of its rate (the mixed fleet at a quarter,
+the plans' S3 rate then 0.17-0.58 MB/s a reader), batches of 13-19 pieces, 30-100 s
+each."""
 
 PEERS_FINISH_SECONDS = 2.0
 """When the plan goes ALL, the pieces peers had partly sent are left to libtorrent to
@@ -146,6 +155,7 @@ def read_origin(
 
     upload_only = False
     peers_finish_until = 0.0  # see PEERS_FINISH_SECONDS
+    s3_behind = threading.Event()  # S3 fell behind a plan's rate (swarm.agent.holdwatch)
 
     @functools.cache
     def s3_is_far() -> bool:
@@ -209,7 +219,10 @@ def read_origin(
         # (swarm.batch.kept_from_peers says which), except where S3 is far: across 100 ms
         # and 0.5% loss, held-back pieces of a direct share kept far-region's nodes
         # waiting 9-17 s on S3 while peers and UDP held them.
-        room = kept_from_peers(batch, planned) and not s3_is_far()
+        # Nor once S3 has fallen behind a plan in this fetch (swarm.agent.holdwatch): the
+        # plans' S3 estimate decays over tens of seconds, and each batch held on it again
+        # would keep its pieces from peers until the watch gave them back.
+        room = kept_from_peers(batch, planned) and not s3_is_far() and not s3_behind.is_set()
         held_back = [i for i in batch.pieces if not sink.have(i)] if room and target is sink else []
         # Pieces not held back for the batch are for each GET: from its start to its end,
         # peers may not bring them (their blocks already asked for still come). Not past
@@ -229,29 +242,40 @@ def read_origin(
         # (25.63); mixed at full rates unchanged. A peer that brings a piece first cuts
         # the GET short.
         per_get = not room and target is sink and not (planned and batch.kind is BatchKind.WIDE)
+        plan = fresh_plan()
+        expected = (plan.s3_estimate or 0.0) if held_back and plan is not None else 0.0
 
         def hold(pieces: list[int], on: bool) -> None:
             with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile
                 session.hold_back(manifest.info_hash, pieces, on)
 
         def reading(pieces: list[int], on: bool) -> None:
-            if not s3_is_far():
+            if (per_get or s3_behind.is_set()) and not s3_is_far():
                 hold(pieces, on)
+
+        def release() -> None:
+            # from here on each GET keeps only its own pieces from peers
+            s3_behind.set()
+            hold([i for i in held_back if not sink.have(i)], False)
+            log.info("S3 gives less than %.0f%% of the plan's %.0f kB/s: %d pieces held for it "
+                     "given back to peers", BEHIND_SHARE * 100, expected / 1e3,
+                     len(held_back))  # fmt: skip
 
         artifact.s3_busy.start()
         try:
             session.hold_back(manifest.info_hash, held_back, True)
-            S3Source(
-                client,
-                manifest,
-                target,
-                artifact.cancel,
-                config,
-                on_retry=retrying,
-                width=widths[batch.kind],
-                streamed=artifact.s3_streamed.add,
-                reading=reading if per_get else None,
-            ).fetch(batch.pieces, stop)
+            with HoldWatch(lambda: artifact.s3_streamed.total, expected, release):
+                S3Source(
+                    client,
+                    manifest,
+                    target,
+                    artifact.cancel,
+                    config,
+                    on_retry=retrying,
+                    width=widths[batch.kind],
+                    streamed=artifact.s3_streamed.add,
+                    reading=reading if per_get or held_back else None,
+                ).fetch(batch.pieces, stop)
         finally:
             artifact.s3_busy.stop()
             hold(held_back, False)
@@ -315,6 +339,12 @@ def read_origin(
                 planned = True
                 held = artifact.direct.held() if artifact.direct is not None else state.held
                 budget = math.ceil(plan.direct * manifest.layout.count) - artifact.direct_pieces
+                if plan.s3_estimate:
+                    # A direct share is kept from peers as a whole while S3 reads it: no
+                    # more of it per batch than S3 brings in DIRECT_BATCH_SECONDS at the
+                    # plan's rate (swarm.agent.holdwatch tells why)
+                    most = int(plan.s3_estimate * DIRECT_BATCH_SECONDS) // manifest.piece_size
+                    budget = min(budget, max(1, most))
                 # Pieces read for this node alone (a direct share, WIDE) are chosen among
                 # those peers hold and the node has not asked them for: asked of
                 # libtorrent now, not a second ago. A node asks its peers for ~25 pieces

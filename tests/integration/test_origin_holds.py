@@ -19,9 +19,9 @@ from swarm.agent.origin import read_origin
 from swarm.config import Settings
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
-from swarm.sources.peers import DEFAULT_PIECE_PRIORITY
+from swarm.sources.peers import DEFAULT_PIECE_PRIORITY, TorrentSession
 from tests.conftest import put_artifact
-from tests.servers import free_port
+from tests.servers import FaultProxy, Faults, free_port
 
 PIECE = 256 << 10
 PIECES = 16
@@ -130,5 +130,81 @@ def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
         # reader waits on peers that send nothing, or finishes well inside the window
         read_to_the_end(daemon, manifest, env, tmp_path, {"stripe": [], "mode": "all"}, 60, 30)
         assert left and left[0] == {3, 9}  # they were left to peers at the switch
+    finally:
+        daemon.close()
+
+
+def test_a_direct_share_held_for_a_slow_s3_is_given_back_to_peers(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> None:
+    # A plan's direct share is kept from peers as a whole while S3 reads it, planned on
+    # the S3 rate the coordinator measured (s3_estimate, 20 MB/s here). S3 then gives
+    # 128 KB/s (the origin throttled): read from it alone the 4 MiB take 32 s, while a
+    # peer holding all of it is connected. The reader gives the pieces back to peers
+    # once S3 falls behind the plan (swarm.agent.holdwatch); before that change it read
+    # every piece from the throttled S3.
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    holder = TorrentSession("127.0.0.2", 0, tmp_path / "holder")
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    try:
+        holder.add(manifest, tmp_path / "a.bin", [], seed_mode=True)
+        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=128 << 10)) as proxy:
+            dest = tmp_path / "data" / "a.bin"
+            artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
+            artifact.client = S3Client(proxy.url)
+            plan = {"stripe": [], "mode": "stripe", "direct": 1.0, "s3_estimate": 20e6}
+            daemon.take_plans({manifest.info_hash: plan}, interval=60)
+            started = time.monotonic()
+            reader = threading.Thread(
+                target=read_origin,
+                args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
+                daemon=True,
+            )
+            reader.start()
+            state = daemon.session.torrents[manifest.info_hash]
+            deadline = time.monotonic() + 10
+            while not state.held_for_s3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert state.held_for_s3, "the reader held nothing back"  # its direct share
+            while not state.handle.get_peer_info() and time.monotonic() < deadline:
+                daemon.session.dial(manifest.info_hash, (("127.0.0.2", holder.listen_port),))
+                time.sleep(0.1)
+            assert state.handle.get_peer_info(), "the holder never connected"
+            reader.join(20)
+            took = time.monotonic() - started
+            assert not reader.is_alive(), "the pieces waited on the throttled S3"
+        assert artifact.complete_on_disk()
+        assert hashlib.sha256(dest.read_bytes()).hexdigest() == manifest.sha256
+        from_s3 = artifact.sink.bytes_by_source.get("s3", 0)
+        assert from_s3 <= PIECES * PIECE // 2, (took, from_s3)  # the rest came from the peer
+    finally:
+        daemon.close()
+        holder.close()
+
+
+def test_a_direct_share_is_held_a_few_seconds_of_s3_at_a_time(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> None:
+    # A direct share is kept from peers batch by batch, each no more than S3 brings in
+    # DIRECT_BATCH_SECONDS at the plan's rate: here 300 kB/s, four pieces of 256 KiB a
+    # batch. Read 32 pieces at a time, a slowed origin held them for minutes.
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    session = daemon.session
+    held: list[int] = []  # the size of each batch held as a whole
+    real_hold_back = session.hold_back
+
+    def hold_back(info_hash: str, pieces: list[int], on: bool) -> None:
+        real_hold_back(info_hash, pieces, on)
+        if on and pieces:
+            held.append(len(pieces))
+
+    session.hold_back = hold_back  # type: ignore[method-assign]
+    try:
+        most = int(300e3 * origin.DIRECT_BATCH_SECONDS) // PIECE
+        plan = {"stripe": [], "mode": "stripe", "direct": 1.0, "s3_estimate": 300e3}
+        read_to_the_end(daemon, manifest, env, tmp_path, plan, interval=60)
+        assert held and max(held) <= most < PIECES, held
+        assert sum(held) == PIECES, held  # every piece was held while S3 read it
     finally:
         daemon.close()

@@ -1,0 +1,89 @@
+"""Pieces a plan's batch keeps from peers, given back once S3 falls behind the plan.
+
+A planned batch kept from peers as a whole (:func:`swarm.batch.kept_from_peers`: a
+direct share, ALL, a fill) waits on S3 alone, and was planned on the S3 rate the
+coordinator measured (``OriginPlan.s3_estimate``). When S3 then gives much less (the
+origin throttled, shared with another fleet, or failing and retried), those pieces wait
+on it however fast peers could bring them: a direct share may hold 32 MiB. In a lab
+fleet whose origin fell to a seventh of what the plans assumed, every piece a node
+lacked was held so, no peer (seeders included) had anything the node would take, the
+seeders choked the new nodes, and the fleet took 5.6-7.2x T*.
+
+:class:`HoldWatch` measures the batch's S3 bytes over a sliding window and, once they
+fall below :data:`BEHIND_SHARE` of the plan's rate, gives the held pieces back to peers
+(the batch's GETs go on; a peer that brings a piece first cuts its GET short).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+BEHIND_SHARE = 1 / 3
+"""S3 has fallen behind the plan when a batch gets less than this share of the plan's
+S3 rate over :data:`WINDOW` seconds (as :data:`swarm.coordinator.capacity.ALL_SLOWED`
+judges a slowed S3 under ALL: at a smaller shortfall, a downlink S3 shares with peers
+would release batches that were on time)."""
+
+WINDOW = 2.0
+"""Seconds of S3 bytes the shortfall is judged on: a GET's first byte and TCP's ramp
+take part of the first second, and whole pieces arrive in bursts."""
+
+CHECK_PERIOD = 0.25
+"""Seconds between two looks at the byte counter."""
+
+
+def behind(samples: deque[tuple[float, int]], expected_rate: float, now: float) -> bool:
+    """Whether the bytes of ``samples`` ((time, total streamed), oldest first) over the
+    last :data:`WINDOW` seconds fall short of :data:`BEHIND_SHARE` of ``expected_rate``
+    (bytes/s). False until the samples span a window."""
+    if not samples or expected_rate <= 0 or now - samples[0][0] < WINDOW:
+        return False
+    while len(samples) > 1 and now - samples[1][0] >= WINDOW:
+        samples.popleft()  # the oldest sample still at least a window old stays
+    then, before = samples[0]
+    latest = samples[-1][1]
+    return (latest - before) / (now - then) < BEHIND_SHARE * expected_rate
+
+
+class HoldWatch:
+    """While a held batch runs (``with HoldWatch(...)``), samples ``streamed()`` (the
+    artifact's S3 byte counter) and calls ``release()`` once, from its own thread, when
+    the batch falls behind ``expected_rate`` (see :func:`behind`)."""
+
+    def __init__(
+        self,
+        streamed: Callable[[], int],
+        expected_rate: float,
+        release: Callable[[], object],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._streamed = streamed
+        self._expected = expected_rate
+        self._release = release
+        self._clock = clock
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hold-watch", daemon=True)
+        self.released = False
+
+    def __enter__(self) -> HoldWatch:
+        if self._expected > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        samples: deque[tuple[float, int]] = deque([(self._clock(), self._streamed())])
+        while not self._done.wait(CHECK_PERIOD):
+            now = self._clock()
+            samples.append((now, self._streamed()))
+            if behind(samples, self._expected, now):
+                self.released = True
+                self._release()
+                return
