@@ -68,6 +68,11 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         f"origin up {config.origin_up:g} Mbit, nodes up/down {config.node_up:g}/"
         f"{config.node_down:g} Mbit, S3 {config.s3}"
         + (f", far RTT {config.far_rtt_ms:g} ms loss {config.far_loss:g}" if config.far else "")
+        + (
+            f", origin up {config.origin_slow_up:g} Mbit from {slows:.1f} s"
+            if (slows := config.origin_slows_after()) is not None
+            else ""
+        )
         + f", TCP {config.tcp_cc or machine_tcp_cc()}",
         f"T* (Kumar-Ross bound) = {config.bound():.2f} s; the allocator plans "
         f"{plan.mode.value} (direct S3 share {plan.direct:.0%}) and predicts "

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +219,7 @@ class Fleet:
         notes: list[str] = []
         jobs: list[Job] = []
         cpu_by_node: dict[str, float] = {}
+        slowing: threading.Timer | None = None  # the origin slows (config.origin_slows_at)
         try:
             if self.seeder_hosts and sys_.seeds_after:
                 self._start_seeders(sys_, root)
@@ -232,6 +234,13 @@ class Fleet:
                      str(trace), self.coordinator.token or ""], env=self.env)  # fmt: skip
             started = time.monotonic()
             origin_before = self.origin.tx_bytes()
+            slows_after = config.origin_slows_after()
+            if slows_after is not None:
+                slow_up = config.origin_slow_up or config.origin_up
+                slowing = threading.Timer(
+                    slows_after, self.origin.set_rates, (slow_up, config.origin_down)
+                )
+                slowing.start()
             with CpuSampler() as cpu:
                 for host in self.node_hosts:
                     node_dir = root / host.name
@@ -257,6 +266,10 @@ class Fleet:
                 for job, host in zip(jobs, self.node_hosts, strict=True)
             }
         finally:
+            if slowing is not None:
+                slowing.cancel()
+                slowing.join()
+                self.origin.set_rates(config.origin_up, config.origin_down)  # for the next
             if self.tracer:
                 os.killpg(self.tracer.pid, signal.SIGTERM)
                 self.tracer.wait(10)

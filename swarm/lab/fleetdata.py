@@ -48,6 +48,12 @@ class FleetConfig:
     tcp_cc: str | None = None
     """TCP congestion control in every host's namespace (``cubic``, ``bbr``); None: the
     machine's default, which new namespaces copy."""
+    origin_slows_at: float = 0.0
+    """The origin's upload falls to ``origin_slow_up`` this far into each system's run,
+    as a share of T* on its first rate (scale-free: the same moment of the fetch at any
+    ``--rate-scale``); 0: it never does."""
+    origin_slow_up: float | None = None
+    """The origin's upload once it has slowed, Mbit/s."""
 
     @property
     def far(self) -> bool:
@@ -61,18 +67,53 @@ class FleetConfig:
             raise ValueError(f"need nodes >= 1 and seeders >= 0, got {self.nodes}/{self.seeders}")
         if self.s3 not in ("minio", "moto"):
             raise ValueError(f"s3 must be minio or moto, got {self.s3!r}")
+        if self.origin_slows_at < 0 or (
+            self.origin_slows_at > 0 and (self.origin_slow_up or 0) <= 0
+        ):
+            raise ValueError("origin_slows_at needs origin_slow_up > 0 Mbit/s (and >= 0 itself)")
 
     @property
     def seeder_rate(self) -> float:
         return self.seeder_up if self.seeder_up is not None else self.node_up
 
     def bound(self) -> float:
-        """Kumar & Ross's minimum distribution time T* in seconds."""
+        """Kumar & Ross's minimum distribution time T* in seconds; with an origin that
+        slows, the least T at which the servers have sent F bits, the slowest link has
+        taken F, and the servers and all nodes' uploads together N F (the same three
+        conditions, on the bits sent by T rather than rates)."""
+        fast = self._steady_bound()
+        if not self.origin_slows_at:
+            return fast
+        f, n, mbit = self.size * 8, self.nodes, 1e6
+        slows = self.origin_slows_at * fast
+        seeders = self.seeders * self.seeder_rate * mbit
+        slow_up = (self.origin_slow_up or 0.0) * mbit
+
+        def served(t: float) -> float:  # bits the origin and seeders have sent by t
+            origin = self.origin_up * mbit * min(t, slows) + slow_up * max(0.0, t - slows)
+            return origin + seeders * t
+
+        def enough(t: float) -> bool:
+            return served(t) >= f and served(t) + n * self.node_up * mbit * t >= n * f
+
+        low, high = max(fast, f / (self.node_down * mbit)), fast
+        while not enough(high):
+            high *= 2
+        for _ in range(60):  # bisection to well under a millisecond
+            mid = (low + high) / 2
+            low, high = (low, mid) if enough(mid) else (mid, high)
+        return high
+
+    def _steady_bound(self) -> float:
         f = self.size * 8
         mbit = 1e6
         server = (self.origin_up + self.seeders * self.seeder_rate) * mbit
         total = server + self.nodes * self.node_up * mbit
         return max(f / server, f / (self.node_down * mbit), self.nodes * f / total)
+
+    def origin_slows_after(self) -> float | None:
+        """Seconds into a system's run at which the origin slows (None: never)."""
+        return self.origin_slows_at * self._steady_bound() if self.origin_slows_at else None
 
     def allocation(self) -> Allocation:
         """What the coordinator's allocator plans for this shape's capacities at the
@@ -95,7 +136,8 @@ class FleetConfig:
         (so an S3-only client on a slow origin is slow, not failed)."""
         if self.system_timeout:
             return self.system_timeout
-        origin_only = self.nodes * self.size * 8 / (self.origin_up * 1e6)
+        origin = min(self.origin_up, self.origin_slow_up or self.origin_up)
+        origin_only = self.nodes * self.size * 8 / (origin * 1e6)
         return 60.0 + max(10.0 * self.bound(), 2.0 * origin_only, 2.0 * self.far_tcp_seconds())
 
     def far_tcp_seconds(self) -> float:

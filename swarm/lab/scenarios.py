@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "far_rtt_ms": 0.0,  # > 0 (or far_loss > 0): the new nodes are in another region
     "far_loss": 0.0,
     "tcp_cc": None,  # every host's TCP congestion control; None: the machine's default
+    "origin_slows_at": 0.0,  # share of T* into the run at which the origin slows (0: never)
+    "origin_slow_up": None,  # its upload then
 }
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -34,6 +36,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # Both halves useful: S3 alone feeds 8 nodes at 50 Mbit each, peers alone carry
     # 8 x 100 Mbit of uploads; the bound needs both (T* = N*F/(u_s + sum u)).
     "mixed": {"origin_up": 400, "node_up": 100, "node_down": 300},
+    # The mixed fleet whose origin falls to an eighth a third of the way to T* (S3
+    # throttling the bucket, or another fleet reading it): plans made on S3's first rate
+    # must follow it down.
+    "s3-slows": {
+        "origin_up": 400,
+        "node_up": 100,
+        "node_down": 300,
+        "origin_slows_at": 0.35,
+        "origin_slow_up": 50,
+    },
     "existing-seeders": {
         "origin_up": 50,
         "node_up": 200,
@@ -58,7 +70,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
 }
 
-RATES = ("node_up", "node_down", "origin_up", "origin_down", "seeder_up")
+RATES = ("node_up", "node_down", "origin_up", "origin_down", "seeder_up", "origin_slow_up")
 """The fields ``--rate-scale`` multiplies."""
 
 
