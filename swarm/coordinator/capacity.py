@@ -121,6 +121,11 @@ node shares the origin. slow-uploads at a quarter of its rates (origin 250 Mbit,
 nodes of 100 whose uploads are 5 Mbit) had ALL taken back so, once or twice a run, while
 the origin sent all it could; its nodes then waited on stripes and peers."""
 
+MIX_SLOWED_PROOF: Final = 2.0
+"""Under a direct share (MIX), S3 has slowed once the readers of the moment have got
+less than :data:`ALL_SLOWED` of the origin's peak for this many seconds
+(:func:`s3_fell_under_mix`); the origin's rates are then measured afresh, as under ALL."""
+
 RECENT_SECONDS: Final = 2.0
 """The fleet's S3 rate of the moment (:func:`s3_slowed`) is its readers' byte counters
 over at least this many seconds: the counters of whole pieces, reported one interval
@@ -196,10 +201,14 @@ class _Artifact:
     totals: deque[tuple[float, int]] = field(default_factory=deque)
     """(when, :attr:`s3_read`) at each snapshot, the oldest kept at least
     :data:`RECENT_SECONDS` old: the fleet's S3 rate of the moment."""
-    all_taken_back: bool = False
-    """ALL was taken back this cohort (S3 slowed): the origin is what it gave the fleet
-    since (not the per-reader estimate, which remembers the faster S3 for tens of
-    seconds); ALL comes back only if S3 fills every link at once again."""
+    measured_afresh: bool = False
+    """S3 slowed this cohort (under ALL, or under a direct share) and the origin's rates
+    were measured afresh: the origin is what it gave the fleet since (not the per-reader
+    estimate, which remembers the faster S3 for tens of seconds); ALL comes back only if
+    S3 fills every link at once again."""
+    mix_slow_since: float | None = None
+    """Since when the readers have got too little of the origin under a direct share
+    (see :data:`MIX_SLOWED_PROOF`)."""
     fleet_down: tuple[float, float] = (0.0, -math.inf)
     """(the median of the fetching nodes' download peaks, when it was taken): taken at
     most every :data:`SNAPSHOT_PERIOD`, not at each of the fleet's reports."""
@@ -257,7 +266,7 @@ class CapacityBook:
                 art.measured_since = -math.inf
                 art.totals.clear()
                 art.s3_read = 0
-                art.all_taken_back = False
+                art.measured_afresh = False
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -269,7 +278,7 @@ class CapacityBook:
         """What S3 gives its readers together now (bytes/s), for the origin's peak."""
         art = self._artifacts.get(info_hash)
         # (not once ALL was taken back: the readers' averages remember the faster S3)
-        if art is not None and not art.all_taken_back:
+        if art is not None and not art.measured_afresh:
             art.origin_peak = max(art.origin_peak, aggregate)
 
     def note_s3(
@@ -312,13 +321,16 @@ class CapacityBook:
         now: float,
         *,
         only_all: bool = False,
+        s3_now: float | None = None,
     ) -> Allocation | None:
         """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``; None
         until S3's rate and the swarm's are both known. A snapshot that cannot tell
         (no peer traffic) keeps the last allocation. ``only_all``: keep the new plan
         only if the snapshot found S3 unlimited, i.e. ALL (else return the last
         allocation): pieces are still leaving the origin, and only that ALL is sure by
-        then (see :class:`StripePlanner`)."""
+        then (see :class:`StripePlanner`). ``s3_now``: what a reader of the moment
+        gets from S3 (the median of their rates; ``s3_per_reader`` may be an estimate
+        that remembers a faster S3)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return None
@@ -350,6 +362,15 @@ class CapacityBook:
         ):
             log.info("S3 slowed under ALL for %s: measuring the origin afresh", info_hash[:8])
             _measure_afresh(art, now)
+        elif art.allocation is not None and art.allocation.mode is Mode.MIX:
+            if not s3_fell_under_mix(art, s3_now, readers):
+                art.mix_slow_since = None
+            elif art.mix_slow_since is None:
+                art.mix_slow_since = now
+            elif now - art.mix_slow_since >= MIX_SLOWED_PROOF:
+                log.info("S3 slowed under a direct share for %s: measuring the origin afresh",
+                         info_hash[:8])  # fmt: skip
+                _measure_afresh(art, now)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         snap = snapshot(
@@ -362,7 +383,7 @@ class CapacityBook:
             swarm_shown=art.peers_since is not None and now - art.peers_since >= _warmup(art),
             origin_peak=art.origin_peak,
             together=art.together,
-            all_taken_back=art.all_taken_back,
+            measured_afresh=art.measured_afresh,
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [
@@ -422,10 +443,11 @@ class CapacityBook:
         art = self._artifacts.get(info_hash)
         return art is not None and bool(art.complete)
 
-    def all_taken_back(self, info_hash: str) -> bool:
-        """S3 slowed under ALL this cohort (see :func:`s3_slowed`)."""
+    def measured_afresh(self, info_hash: str) -> bool:
+        """S3 slowed this cohort, under ALL (:func:`s3_slowed`) or a direct share
+        (:func:`s3_fell_under_mix`), and the origin was measured afresh."""
         art = self._artifacts.get(info_hash)
-        return art is not None and art.all_taken_back
+        return art is not None and art.measured_afresh
 
     def fleet_down(self, info_hash: str, now: float) -> float:
         """The median of the fetching nodes' download peaks (bytes/s; 0 before any), as of
@@ -535,12 +557,27 @@ def s3_slowed(art: _Artifact, now: float) -> bool:
     return (latest - before) / (now - then) < ALL_SLOWED * art.origin_peak
 
 
+def s3_fell_under_mix(art: _Artifact, s3_now: float | None, readers: int) -> bool:
+    """The readers of the moment get together less than :data:`ALL_SLOWED` of what the
+    origin gave at its peak, or of what their links could take if that is less (a few
+    readers cannot take a large origin's rate). The allocation planned each node's
+    direct share on that peak: after the mixed fleet's origin (a quarter of its rates)
+    fell to an eighth, the peak kept a tenth of every node's bytes on S3 to the end, and
+    the origin read 78 MiB where nobody held 55, the rest pieces peers held."""
+    if not s3_now or readers <= 0 or art.origin_peak <= 0:
+        return False
+    downs = [link.down for link in art.links.values() if link.down > 0]
+    room = min(art.origin_peak, readers * statistics.median(downs)) if downs else art.origin_peak
+    return s3_now * readers < ALL_SLOWED * room
+
+
 def _measure_afresh(art: _Artifact, now: float) -> None:
     """Forget what the origin gave before (its peak, the most its readers took together,
     the cohort's average) and the allocation: the next snapshot plans on the rates from
     now on, and ALL needs S3 to fill every link at once again."""
     art.allocation, art.all_since, art.mix_since = None, None, None
+    art.mix_slow_since = None
     art.origin_peak, art.together = 0.0, art.window_sum
     art.read_base = art.s3_read
     art.measured_since = now
-    art.all_taken_back = True
+    art.measured_afresh = True

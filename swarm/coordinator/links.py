@@ -71,7 +71,7 @@ def snapshot(
     swarm_shown: bool = True,
     origin_peak: float = 0.0,
     together: float = 0.0,
-    all_taken_back: bool = False,
+    measured_afresh: bool = False,
 ) -> Snapshot | None:
     """The snapshot to allocate from, or None while the rates cannot tell yet.
     ``swarm_shown``: peers have exchanged for
@@ -79,7 +79,7 @@ def snapshot(
     :data:`~swarm.coordinator.capacity.PEERS_WARMUP_FAST`: the rates mean something);
     ``origin_peak``: the most S3 gave its readers together so far;
     ``together``: the most the nodes' S3 rates of one interval summed to;
-    ``all_taken_back``: S3 slowed under ALL this cohort (see
+    ``measured_afresh``: S3 slowed this cohort (under ALL, or a direct share: see
     :func:`~swarm.coordinator.capacity.s3_slowed`)."""
     fetching = [link for link in links if link.down > 0]
     if not fetching or not swarm_shown:
@@ -100,12 +100,12 @@ def snapshot(
         # bucket): it feeds the fleet at link speed, whatever a reader gets now that
         # peers share its downlink
         origin = math.inf
-    elif all_taken_back:
-        # S3 slowed under ALL: what the origin gave the fleet since, measured afresh
-        # (the per-reader estimate remembers the fast S3 for tens of seconds, and a
-        # reader's rate over its busy seconds overstates a slow S3: the direct shares it
-        # planned had every node read the pieces nobody held through the throttled
-        # origin at once)
+    elif measured_afresh:
+        # S3 slowed (under ALL, or a direct share): what the origin gave the fleet
+        # since, measured afresh (the per-reader estimate remembers the fast S3 for tens
+        # of seconds, and a reader's rate over its busy seconds overstates a slow S3:
+        # the direct shares it planned had every node read the pieces nobody held
+        # through the throttled origin at once)
         if origin_peak <= 0:
             return None
         origin = origin_peak

@@ -221,10 +221,11 @@ class StripePlanner:
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0
-        # Once S3 slowed under ALL, what readers get now: the remembered rate (a 10 s
-        # half-life, for readers that slow down near the end for lack of pieces) sent
-        # nodes WIDE on the throttled origin (28 MiB read where nobody held 4)
-        remembered = None if self.capacity.all_taken_back(info_hash) else view.estimate
+        # Once S3 slowed (under ALL or a direct share), what readers get now: the
+        # remembered rate (a 10 s half-life, for readers that slow down near the end for
+        # lack of pieces) sent nodes WIDE on the throttled origin (28 MiB read where
+        # nobody held 4)
+        remembered = None if self.capacity.measured_afresh(info_hash) else view.estimate
         estimate = s3_capacity(remembered, current, dt)
         stall = max(self.stall_seconds, STALL_INTERVALS * interval)
         if complete:
@@ -355,7 +356,7 @@ class StripePlanner:
         else:
             # Every piece has left the origin (or is on its way): from here what S3
             # still gives is the allocation's direct share.
-            allocation = self.capacity.allocation(info_hash, estimate, readers, now)
+            allocation = self.capacity.allocation(info_hash, estimate, readers, now, s3_now=current)
             if allocation is not None and allocation.mode is AllocationMode.ALL:
                 mode = Mode.ALL
             elif allocation is not None and mode is Mode.STRIPE:

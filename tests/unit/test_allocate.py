@@ -11,6 +11,7 @@ from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bou
 from swarm.coordinator.capacity import (
     ALL_PROOF,
     DIRECT_HOLD,
+    MIX_SLOWED_PROOF,
     ORIGIN_WINDOW,
     PEERS_WARMUP,
     PEERS_WARMUP_FAST,
@@ -411,13 +412,13 @@ def test_all_stands_while_the_origin_gives_the_fleet_as_much() -> None:
         s3_now(80, t)
         plan = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         assert plan is not None and plan.mode is Mode.ALL
-        assert not book.all_taken_back("ih")
+        assert not book.measured_afresh("ih")
         t += SNAPSHOT_PERIOD
     for _ in range(3):  # 40 each, 240 together: a fifth, S3 slowed
         s3_now(40, t)
         book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         t += SNAPSHOT_PERIOD
-    assert book.all_taken_back("ih")
+    assert book.measured_afresh("ih")
 
 
 def test_all_stands_while_the_nodes_still_take_their_links_from_peers() -> None:
@@ -439,13 +440,13 @@ def test_all_stands_while_the_nodes_still_take_their_links_from_peers() -> None:
         plan = book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         assert plan is not None and plan.mode is Mode.ALL
         t += SNAPSHOT_PERIOD
-    assert not book.all_taken_back("ih")
+    assert not book.measured_afresh("ih")
     for _ in range(3):  # under ALL at last, and S3 gives them as little
         _report(book, names, down=250, up=250, peers=0, s3=220, received=40)
         read(40, t)
         book.allocation("ih", 200 * MBIT, readers=6, now=t + 0.5)
         t += SNAPSHOT_PERIOD
-    assert book.all_taken_back("ih")
+    assert book.measured_afresh("ih")
 
 
 def test_all_is_taken_back_when_s3_slows_under_it() -> None:
@@ -567,3 +568,46 @@ def test_an_origin_its_readers_leave_half_idle_has_room_for_fills() -> None:
     fast.allocation("ih", 300 * MBIT, readers=6, now=0.0)
     fast.allocation("ih", 300 * MBIT, readers=6, now=PEERS_WARMUP)
     assert not fast.origin_spare("ih")
+
+
+def _under_mix() -> tuple[CapacityBook, list[str], float]:
+    """The mixed fleet under its direct share, its origin's peak 400 Mbit; the time."""
+    book = CapacityBook()
+    eight = [f"n{i}" for i in range(8)]
+    _report(book, eight, down=300, up=100, peers=90, backlog=64 << 20)
+    book.note_origin("ih", 400 * MBIT)
+    book.allocation("ih", 50 * MBIT, readers=8, now=0.0)
+    plan = book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP)
+    assert plan is not None and plan.mode is Mode.MIX
+    book.allocation("ih", 50 * MBIT, readers=8, now=PEERS_WARMUP + DIRECT_HOLD)
+    assert book.direct_share("ih", PEERS_WARMUP + DIRECT_HOLD) > 0
+    return book, eight, PEERS_WARMUP + DIRECT_HOLD
+
+
+def test_a_direct_share_is_taken_back_when_s3_slows_under_it() -> None:
+    """The origin's peak stands for the cohort, and the direct shares planned on it went
+    on after the origin fell to an eighth: every node read a tenth of its bytes through
+    it, pieces peers held, while pieces nobody held waited. Readers getting under a
+    third of the peak for MIX_SLOWED_PROOF have the origin measured afresh: no share
+    until it shows room again. (The per-reader estimate still remembers 50 Mbit.)"""
+    book, _, t = _under_mix()
+    for _ in range(int(MIX_SLOWED_PROOF / SNAPSHOT_PERIOD)):  # 8 x 6 Mbit: 48 of 400
+        t += SNAPSHOT_PERIOD
+        book.allocation("ih", 50 * MBIT, readers=8, now=t, s3_now=6 * MBIT)
+        assert not book.measured_afresh("ih")  # not on one snapshot's say
+    t += SNAPSHOT_PERIOD
+    book.allocation("ih", 50 * MBIT, readers=8, now=t, s3_now=6 * MBIT)
+    assert book.measured_afresh("ih")
+    assert book.direct_share("ih", t + DIRECT_HOLD) == 0.0
+
+
+def test_a_direct_share_stands_while_its_readers_get_their_part() -> None:
+    """Eight readers at 45 Mbit (360 of 400), or one reader alone at half its 300 Mbit
+    link (a few readers cannot take the origin's peak): no slowdown."""
+    for readers, each in ((8, 45.0), (1, 150.0)):
+        book, _, t = _under_mix()
+        for _ in range(4):
+            t += SNAPSHOT_PERIOD
+            plan = book.allocation("ih", 50 * MBIT, readers=readers, now=t, s3_now=each * MBIT)
+            assert plan is not None and plan.mode is Mode.MIX
+        assert not book.measured_afresh("ih")
