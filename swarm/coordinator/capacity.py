@@ -321,16 +321,13 @@ class CapacityBook:
         now: float,
         *,
         only_all: bool = False,
-        s3_now: float | None = None,
     ) -> Allocation | None:
         """The artifact's allocation, recomputed at most every ``SNAPSHOT_PERIOD``; None
         until S3's rate and the swarm's are both known. A snapshot that cannot tell
         (no peer traffic) keeps the last allocation. ``only_all``: keep the new plan
         only if the snapshot found S3 unlimited, i.e. ALL (else return the last
         allocation): pieces are still leaving the origin, and only that ALL is sure by
-        then (see :class:`StripePlanner`). ``s3_now``: what a reader of the moment
-        gets from S3 (the median of their rates; ``s3_per_reader`` may be an estimate
-        that remembers a faster S3)."""
+        then (see :class:`StripePlanner`)."""
         art = self._artifacts.get(info_hash)
         if art is None:
             return None
@@ -363,7 +360,7 @@ class CapacityBook:
             log.info("S3 slowed under ALL for %s: measuring the origin afresh", info_hash[:8])
             _measure_afresh(art, now)
         elif art.allocation is not None and art.allocation.mode is Mode.MIX:
-            if not s3_fell_under_mix(art, s3_now, readers):
+            if not s3_fell_under_mix(art, now):
                 art.mix_slow_since = None
             elif art.mix_slow_since is None:
                 art.mix_slow_since = now
@@ -557,18 +554,25 @@ def s3_slowed(art: _Artifact, now: float) -> bool:
     return (latest - before) / (now - then) < ALL_SLOWED * art.origin_peak
 
 
-def s3_fell_under_mix(art: _Artifact, s3_now: float | None, readers: int) -> bool:
-    """The readers of the moment get together less than :data:`ALL_SLOWED` of what the
+def s3_fell_under_mix(art: _Artifact, now: float) -> bool:
+    """The nodes reading S3 now (a rate over their readers' busy seconds, reported within
+    two :data:`ORIGIN_WINDOW`) get together less than :data:`ALL_SLOWED` of what the
     origin gave at its peak, or of what their links could take if that is less (a few
     readers cannot take a large origin's rate). The allocation planned each node's
     direct share on that peak: after the mixed fleet's origin (a quarter of its rates)
     fell to an eighth, the peak kept a tenth of every node's bytes on S3 to the end, and
-    the origin read 78 MiB where nobody held 55, the rest pieces peers held."""
-    if not s3_now or readers <= 0 or art.origin_peak <= 0:
+    the origin read 78 MiB where nobody held 55, the rest pieces peers held. (Judged on
+    the median S3 rate the plans take, that of the readers' download rates, it told 7 s
+    after the throttle in one run of the bench's s3-slows at a quarter.)"""
+    rates = [
+        rate for rate, at in art.s3_rates.values() if rate > 0 and now - at <= 2 * ORIGIN_WINDOW
+    ]
+    if not rates or art.origin_peak <= 0:
         return False
     downs = [link.down for link in art.links.values() if link.down > 0]
+    readers = len(rates)
     room = min(art.origin_peak, readers * statistics.median(downs)) if downs else art.origin_peak
-    return s3_now * readers < ALL_SLOWED * room
+    return statistics.median(rates) * readers < ALL_SLOWED * room
 
 
 def _measure_afresh(art: _Artifact, now: float) -> None:

@@ -356,7 +356,7 @@ class StripePlanner:
         else:
             # Every piece has left the origin (or is on its way): from here what S3
             # still gives is the allocation's direct share.
-            allocation = self.capacity.allocation(info_hash, estimate, readers, now, s3_now=current)
+            allocation = self.capacity.allocation(info_hash, estimate, readers, now)
             if allocation is not None and allocation.mode is AllocationMode.ALL:
                 mode = Mode.ALL
             elif allocation is not None and mode is Mode.STRIPE:

@@ -584,30 +584,40 @@ def _under_mix() -> tuple[CapacityBook, list[str], float]:
     return book, eight, PEERS_WARMUP + DIRECT_HOLD
 
 
+def _reading(book: CapacityBook, names: list[str], mbit: float, at: float) -> None:
+    """Each of ``names`` reports reading S3 at ``mbit`` Mbit/s (over its busy seconds)."""
+    for i, node in enumerate(names):
+        book.note_s3("ih", node, mbit * MBIT, now=at - 0.5 + 0.05 * i)
+
+
 def test_a_direct_share_is_taken_back_when_s3_slows_under_it() -> None:
     """The origin's peak stands for the cohort, and the direct shares planned on it went
     on after the origin fell to an eighth: every node read a tenth of its bytes through
     it, pieces peers held, while pieces nobody held waited. Readers getting under a
     third of the peak for MIX_SLOWED_PROOF have the origin measured afresh: no share
     until it shows room again. (The per-reader estimate still remembers 50 Mbit.)"""
-    book, _, t = _under_mix()
+    book, eight, t = _under_mix()
     for _ in range(int(MIX_SLOWED_PROOF / SNAPSHOT_PERIOD)):  # 8 x 6 Mbit: 48 of 400
         t += SNAPSHOT_PERIOD
-        book.allocation("ih", 50 * MBIT, readers=8, now=t, s3_now=6 * MBIT)
+        _reading(book, eight, 6, t)
+        book.allocation("ih", 50 * MBIT, readers=8, now=t)
         assert not book.measured_afresh("ih")  # not on one snapshot's say
     t += SNAPSHOT_PERIOD
-    book.allocation("ih", 50 * MBIT, readers=8, now=t, s3_now=6 * MBIT)
+    _reading(book, eight, 6, t)
+    book.allocation("ih", 50 * MBIT, readers=8, now=t)
     assert book.measured_afresh("ih")
     assert book.direct_share("ih", t + DIRECT_HOLD) == 0.0
 
 
 def test_a_direct_share_stands_while_its_readers_get_their_part() -> None:
-    """Eight readers at 45 Mbit (360 of 400), or one reader alone at half its 300 Mbit
-    link (a few readers cannot take the origin's peak): no slowdown."""
+    """Eight readers at 45 Mbit (360 of 400), or one reader at half its 300 Mbit link
+    while the others idle (a few readers cannot take the origin's peak): no slowdown."""
     for readers, each in ((8, 45.0), (1, 150.0)):
-        book, _, t = _under_mix()
+        book, eight, t = _under_mix()
         for _ in range(4):
             t += SNAPSHOT_PERIOD
-            plan = book.allocation("ih", 50 * MBIT, readers=readers, now=t, s3_now=each * MBIT)
+            _reading(book, eight[:readers], each, t)
+            _reading(book, eight[readers:], 0, t)
+            plan = book.allocation("ih", 50 * MBIT, readers=readers, now=t)
             assert plan is not None and plan.mode is Mode.MIX
         assert not book.measured_afresh("ih")
