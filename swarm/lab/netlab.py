@@ -216,9 +216,9 @@ class Host:
         self.lab.stop_processes([self.netns])
 
     def set_rates(self, up_mbit: float, down_mbit: float) -> None:
-        """Reshape this host's links (tbf replaced in place; connections survive)."""
-        shape(self.netns, "eth0", up_mbit)
-        shape(self.lab.switch, self.port, down_mbit)
+        """Reshape this host's links (connections survive; see :func:`reshape`)."""
+        reshape(self.netns, "eth0", up_mbit)
+        reshape(self.lab.switch, self.port, down_mbit)
         self.up_mbit, self.down_mbit = up_mbit, down_mbit
 
     def tx_bytes(self) -> int:
@@ -431,6 +431,19 @@ def shape(netns: str, dev: str, mbit: float) -> None:
     rate, burst, limit = tbf_params(mbit)
     _run([TC, "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
           f"{rate}bit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
+
+
+def reshape(netns: str, dev: str, mbit: float) -> None:
+    """Give a shaped link a new rate: its tbf deleted and a new one added, not changed in
+    place. A tbf changed to a smaller bucket keeps what it queued under the larger one,
+    and a GSO packet at its head larger than the new bucket never leaves: the s3-slows
+    bench's origin (100 Mbit to 12.5 at a quarter) stalled for good, its ARP replies
+    queued behind it, and every node lost its route to S3 (EHOSTUNREACH for ten minutes,
+    the tbf's backlog unchanged). The queued packets are dropped; TCP sends them again.
+    The link's tbf drop counter starts again from zero."""
+    with contextlib.suppress(LabError):  # no root qdisc yet: nothing to delete
+        _run([TC, "-n", netns, "qdisc", "del", "dev", dev, "root"])
+    shape(netns, dev, mbit)
 
 
 def sweep_stale(prefix: str = "lab") -> list[str]:
