@@ -192,6 +192,11 @@ def read_origin(
         plan = fresh_plan()
         return plan is not None and plan.mode == Mode.ALL
 
+    def wide_left() -> bool:
+        """A fresh plan is no longer WIDE (the coordinator narrowed the node, or said ALL)."""
+        plan = fresh_plan()
+        return plan is not None and plan.mode != Mode.WIDE
+
     def read(batch: Batch, planned: bool, yield_to_udp: bool = True) -> None:
         # Once the reader writes into the file itself, it goes on doing so (libtorrent
         # learns of those pieces when the verified file is handed to it), except for a
@@ -207,11 +212,17 @@ def read_origin(
         # the plan is ALL: read to its end (32 pieces), a WIDE one kept s3-fast's nodes up
         # to two seconds longer on libtorrent's path and their peers after the
         # coordinator said ALL; a stripe (2 s of the node's S3 rate as it read alone,
-        # read at a third of it beside peers) up to four at a quarter of its rates.
+        # read at a third of it beside peers) up to four at a quarter of its rates. A
+        # WIDE one also stops once the plan narrows: its pieces are mostly ones peers
+        # hold, and read to its end on the s3-slows bench's origin (an eighth of its
+        # rate 10 s in) a WIDE batch begun 3 s in ran 44 s, taking the slowed origin from
+        # the pieces nobody held.
         stop = None
         if planned and batch.kind is BatchKind.ALL:
             stop = all_taken_back
-        elif planned and batch.kind in (BatchKind.WIDE, BatchKind.STRIPE):
+        elif planned and batch.kind is BatchKind.WIDE:
+            stop = wide_left
+        elif planned and batch.kind is BatchKind.STRIPE:
             stop = all_given
         if yield_to_udp:  # and any batch stops once UDP carries the WAN (see below)
             stop = _either(stop, artifact.udp_carries_wan)
