@@ -213,15 +213,18 @@ def read_origin(
         # to two seconds longer on libtorrent's path and their peers after the
         # coordinator said ALL; a stripe (2 s of the node's S3 rate as it read alone,
         # read at a third of it beside peers) up to four at a quarter of its rates. A
-        # WIDE one also stops once the plan narrows: its pieces are mostly ones peers
-        # hold, and read to its end on the s3-slows bench's origin (an eighth of its
-        # rate 10 s in) a WIDE batch begun 3 s in ran 44 s, taking the slowed origin from
-        # the pieces nobody held.
+        # WIDE one also stops once the plan narrows after S3 fell behind a plan
+        # (swarm.agent.holdwatch): its pieces are mostly ones peers hold, and read to its
+        # end on the s3-slows bench's origin (an eighth of its rate 10 s in) a WIDE batch
+        # begun 3 s in ran 44 s, taking the slowed origin from the pieces nobody held.
+        # Not on any narrowing: in the mixed fleet at a quarter the narrowed nodes then
+        # finished last (39.82, 39.73 s against 38.08, 35.31; two pairs).
+        wide = planned and batch.kind is BatchKind.WIDE
         stop = None
         if planned and batch.kind is BatchKind.ALL:
             stop = all_taken_back
-        elif planned and batch.kind is BatchKind.WIDE:
-            stop = wide_left
+        elif wide:
+            stop = lambda: all_given() or (s3_behind.is_set() and wide_left())  # noqa: E731
         elif planned and batch.kind is BatchKind.STRIPE:
             stop = all_given
         if yield_to_udp:  # and any batch stops once UDP carries the WAN (see below)
@@ -252,30 +255,32 @@ def read_origin(
         # pieces S3 brought first), 24.51-26.02 (mean 25.44) against 24.28-28.20
         # (25.63); mixed at full rates unchanged. A peer that brings a piece first cuts
         # the GET short.
-        per_get = not room and target is sink and not (planned and batch.kind is BatchKind.WIDE)
+        per_get = not room and target is sink and not wide
         plan = fresh_plan()
-        expected = (plan.s3_estimate or 0.0) if held_back and plan is not None else 0.0
+        watched = bool(held_back) or wide
+        expected = (plan.s3_estimate or 0.0) if watched and plan is not None else 0.0
 
         def hold(pieces: list[int], on: bool) -> None:
             with contextlib.suppress(KeyError, RuntimeError):  # the torrent went meanwhile
                 session.hold_back(manifest.info_hash, pieces, on)
 
         def reading(pieces: list[int], on: bool) -> None:
-            if (per_get or s3_behind.is_set()) and not s3_is_far():
+            if (per_get or (s3_behind.is_set() and not wide)) and not s3_is_far():
                 hold(pieces, on)
 
-        def release() -> None:
+        def fell_behind() -> None:
             # from here on each GET keeps only its own pieces from peers
             s3_behind.set()
             hold([i for i in held_back if not sink.have(i)], False)
+            then = ", WIDE reads stop once the plan narrows" if wide else ""
             log.info("S3 gives less than %.0f%% of the plan's %.0f kB/s: %d pieces held for it "
-                     "given back to peers", BEHIND_SHARE * 100, expected / 1e3,
-                     len(held_back))  # fmt: skip
+                     "given back to peers%s", BEHIND_SHARE * 100, expected / 1e3,
+                     len(held_back), then)  # fmt: skip
 
         artifact.s3_busy.start()
         try:
             session.hold_back(manifest.info_hash, held_back, True)
-            with HoldWatch(lambda: artifact.s3_streamed.total, expected, release):
+            with HoldWatch(lambda: artifact.s3_streamed.total, expected, fell_behind):
                 S3Source(
                     client,
                     manifest,
