@@ -9,9 +9,11 @@ fleet whose origin fell to a seventh of what the plans assumed, every piece a no
 lacked was held so, no peer (seeders included) had anything the node would take, the
 seeders choked the new nodes, and the fleet took 5.6-7.2x T*.
 
-:class:`HoldWatch` measures the batch's S3 bytes over a sliding window and, once they
-fall below :data:`BEHIND_SHARE` of the plan's rate, gives the held pieces back to peers
-(the batch's GETs go on; a peer that brings a piece first cuts its GET short).
+:class:`BehindWatch` measures the batch's S3 bytes over a sliding window and, once they
+fall below :data:`BEHIND_SHARE` of the plan's rate, tells the reader
+(:func:`swarm.agent.origin.read_origin`), which gives the held pieces back to peers (the
+batch's GETs go on; a peer that brings a piece first cuts its GET short), holds no
+later batch as a whole, and lets a WIDE batch stop once the plan narrows.
 """
 
 from __future__ import annotations
@@ -48,27 +50,27 @@ def behind(samples: deque[tuple[float, int]], expected_rate: float, now: float) 
     return (latest - before) / (now - then) < BEHIND_SHARE * expected_rate
 
 
-class HoldWatch:
-    """While a held batch runs (``with HoldWatch(...)``), samples ``streamed()`` (the
-    artifact's S3 byte counter) and calls ``release()`` once, from its own thread, when
-    the batch falls behind ``expected_rate`` (see :func:`behind`)."""
+class BehindWatch:
+    """While a batch runs (``with BehindWatch(...)``), samples ``streamed()`` (the
+    artifact's S3 byte counter) and calls ``on_behind()`` once, from its own thread,
+    when the batch falls behind ``expected_rate`` (see :func:`behind`); nothing without
+    an expected rate."""
 
     def __init__(
         self,
         streamed: Callable[[], int],
         expected_rate: float,
-        release: Callable[[], object],
+        on_behind: Callable[[], object],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._streamed = streamed
         self._expected = expected_rate
-        self._release = release
+        self._on_behind = on_behind
         self._clock = clock
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hold-watch", daemon=True)
-        self.released = False
+        self._thread = threading.Thread(target=self._run, name="behind-watch", daemon=True)
 
-    def __enter__(self) -> HoldWatch:
+    def __enter__(self) -> BehindWatch:
         if self._expected > 0:
             self._thread.start()
         return self
@@ -84,6 +86,5 @@ class HoldWatch:
             now = self._clock()
             samples.append((now, self._streamed()))
             if behind(samples, self._expected, now):
-                self.released = True
-                self._release()
+                self._on_behind()
                 return

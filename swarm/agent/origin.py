@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from swarm.agent.direct import DirectSink
-from swarm.agent.holdwatch import BEHIND_SHARE, HoldWatch
+from swarm.agent.holdwatch import BEHIND_SHARE, BehindWatch
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.stuck import BLOCK_WRITING
@@ -192,10 +192,12 @@ def read_origin(
         plan = fresh_plan()
         return plan is not None and plan.mode == Mode.ALL
 
-    def wide_left() -> bool:
-        """A fresh plan is no longer WIDE (the coordinator narrowed the node, or said ALL)."""
+    def wide_done() -> bool:
+        """A fresh plan says ALL, or no longer WIDE once S3 fell behind a plan (see read)."""
         plan = fresh_plan()
-        return plan is not None and plan.mode != Mode.WIDE
+        if plan is None:
+            return False
+        return plan.mode == Mode.ALL or (s3_behind.is_set() and plan.mode != Mode.WIDE)
 
     def read(batch: Batch, planned: bool, yield_to_udp: bool = True) -> None:
         # Once the reader writes into the file itself, it goes on doing so (libtorrent
@@ -224,7 +226,7 @@ def read_origin(
         if planned and batch.kind is BatchKind.ALL:
             stop = all_taken_back
         elif wide:
-            stop = lambda: all_given() or (s3_behind.is_set() and wide_left())  # noqa: E731
+            stop = wide_done
         elif planned and batch.kind is BatchKind.STRIPE:
             stop = all_given
         if yield_to_udp:  # and any batch stops once UDP carries the WAN (see below)
@@ -269,18 +271,22 @@ def read_origin(
                 hold(pieces, on)
 
         def fell_behind() -> None:
-            # from here on each GET keeps only its own pieces from peers
+            # from here on each GET keeps only its own pieces from peers, and WIDE batches
+            # stop once the plan narrows
             s3_behind.set()
             hold([i for i in held_back if not sink.have(i)], False)
-            then = ", WIDE reads stop once the plan narrows" if wide else ""
-            log.info("S3 gives less than %.0f%% of the plan's %.0f kB/s: %d pieces held for it "
-                     "given back to peers%s", BEHIND_SHARE * 100, expected / 1e3,
-                     len(held_back), then)  # fmt: skip
+            then = (
+                "WIDE reads stop once the plan narrows"
+                if wide
+                else f"{len(held_back)} pieces held for it given back to peers"
+            )
+            log.info("S3 gives less than %.0f%% of the plan's %.0f kB/s: %s",
+                     BEHIND_SHARE * 100, expected / 1e3, then)  # fmt: skip
 
         artifact.s3_busy.start()
         try:
             session.hold_back(manifest.info_hash, held_back, True)
-            with HoldWatch(lambda: artifact.s3_streamed.total, expected, fell_behind):
+            with BehindWatch(lambda: artifact.s3_streamed.total, expected, fell_behind):
                 S3Source(
                     client,
                     manifest,
