@@ -40,7 +40,8 @@ CHECK_PERIOD = 0.25
 def behind(samples: deque[tuple[float, int]], expected_rate: float, now: float) -> bool:
     """Whether the bytes of ``samples`` ((time, total streamed), oldest first) over the
     last :data:`WINDOW` seconds fall short of :data:`BEHIND_SHARE` of ``expected_rate``
-    (bytes/s). False until the samples span a window."""
+    (bytes/s). False until the samples span a window. Drops the samples older than the
+    newest one a window old (the watch's deque stays a window long)."""
     if not samples or expected_rate <= 0 or now - samples[0][0] < WINDOW:
         return False
     while len(samples) > 1 and now - samples[1][0] >= WINDOW:

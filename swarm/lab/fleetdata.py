@@ -96,7 +96,7 @@ class FleetConfig:
         def enough(t: float) -> bool:
             return served(t) >= f and served(t) + n * self.node_up * mbit * t >= n * f
 
-        low, high = max(fast, f / (self.node_down * mbit)), fast
+        low, high = 0.0, fast  # (``enough`` is monotone in T, whichever way the rate moves)
         while not enough(high):
             high *= 2
         for _ in range(60):  # bisection to well under a millisecond

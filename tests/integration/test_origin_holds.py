@@ -208,3 +208,40 @@ def test_a_direct_share_is_held_a_few_seconds_of_s3_at_a_time(
         assert sum(held) == PIECES, held  # every piece was held while S3 read it
     finally:
         daemon.close()
+
+
+def test_a_wide_batch_stops_once_the_plan_narrows_after_s3_fell_behind(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> None:
+    # A WIDE batch reads pieces peers hold; read to its end on a throttled origin it
+    # took the origin from pieces nobody held (the s3-slows bench: 44 s). Once S3 has
+    # fallen behind the plan's rate, a narrowed plan stops it at its next piece: S3's
+    # byte counter then stands still. Before the change it went on at the throttle.
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    try:
+        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=128 << 10)) as proxy:
+            artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
+            artifact.client = S3Client(proxy.url)
+            ih = manifest.info_hash
+            daemon.take_plans({ih: {"stripe": [], "mode": "wide", "s3_estimate": 20e6}}, 60)
+            reader = threading.Thread(
+                target=read_origin,
+                args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
+                daemon=True,
+            )
+            reader.start()
+            time.sleep(3.0)  # the watch has judged 2 s of 128 KB/s against 20 MB/s
+            assert artifact.s3_streamed.total > 0, "the WIDE batch read nothing"
+            daemon.take_plans({ih: {"stripe": [], "mode": "stripe", "s3_estimate": 20e6}}, 60)
+            time.sleep(3.0)  # the piece each GET was on (2 s at the throttle) ends
+            before = artifact.s3_streamed.total
+            time.sleep(2.0)
+            after = artifact.s3_streamed.total
+            artifact.cancel.set()
+            reader.join(10)
+        assert not reader.is_alive()
+        assert after == before, (before, after)  # no S3 read since the batch stopped
+        assert not artifact.complete_on_disk()  # it did stop, not finish
+    finally:
+        daemon.close()
