@@ -16,6 +16,7 @@ import pytest
 from swarm.agent import origin
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
+from swarm.agent.registry import Artifact
 from swarm.config import Settings
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
@@ -25,6 +26,17 @@ from tests.servers import FaultProxy, Faults, free_port
 
 PIECE = 256 << 10
 PIECES = 16
+
+
+def start_reader(daemon: Daemon, artifact: Artifact) -> threading.Thread:
+    """The daemon's S3 reader on ``artifact``, on a thread of its own, as the daemon runs it."""
+    reader = threading.Thread(
+        target=read_origin,
+        args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
+        daemon=True,
+    )
+    reader.start()
+    return reader
 
 
 def read_to_the_end(
@@ -43,12 +55,7 @@ def read_to_the_end(
     artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
     artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
     daemon.take_plans({manifest.info_hash: plan}, interval=interval)
-    reader = threading.Thread(
-        target=read_origin,
-        args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
-        daemon=True,
-    )
-    reader.start()
+    reader = start_reader(daemon, artifact)
     reader.join(timeout)
     assert not reader.is_alive(), f"the S3 reader had not finished after {timeout} s"
     assert artifact.complete_on_disk()
@@ -155,12 +162,7 @@ def test_a_direct_share_held_for_a_slow_s3_is_given_back_to_peers(
             plan = {"stripe": [], "mode": "stripe", "direct": 1.0, "s3_estimate": 20e6}
             daemon.take_plans({manifest.info_hash: plan}, interval=60)
             started = time.monotonic()
-            reader = threading.Thread(
-                target=read_origin,
-                args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
-                daemon=True,
-            )
-            reader.start()
+            reader = start_reader(daemon, artifact)
             state = daemon.session.torrents[manifest.info_hash]
             deadline = time.monotonic() + 10
             while not state.held_for_s3 and time.monotonic() < deadline:
@@ -225,12 +227,7 @@ def test_a_wide_batch_stops_once_the_plan_narrows_after_s3_fell_behind(
             artifact.client = S3Client(proxy.url)
             ih = manifest.info_hash
             daemon.take_plans({ih: {"stripe": [], "mode": "wide", "s3_estimate": 20e6}}, 60)
-            reader = threading.Thread(
-                target=read_origin,
-                args=(daemon.session, artifact, daemon.node_id, True, lambda: None),
-                daemon=True,
-            )
-            reader.start()
+            reader = start_reader(daemon, artifact)
             time.sleep(3.0)  # the watch has judged 2 s of 128 KB/s against 20 MB/s
             assert artifact.s3_streamed.total > 0, "the WIDE batch read nothing"
             daemon.take_plans({ih: {"stripe": [], "mode": "stripe", "s3_estimate": 20e6}}, 60)
