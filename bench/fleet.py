@@ -29,6 +29,12 @@ means the numbers measure the CPU, not the links.
 
     .venv/bin/python bench/fleet.py --scenario origin-bound [--systems swarm,s5cmd] [--json]
 
+``--repeat K`` runs the whole invocation K times (each round on a fresh lab, the systems'
+order rotated a place each round, so that none always runs first) and ends with what
+the rounds show together: each system's all-done median and range, swarm's time over the
+fastest baseline's per round, and in how many rounds swarm met issue 11's targets (at
+most 1.25x T*, and no slower than the fastest baseline: 1.05x of it at full rates).
+
 The lab, the origin, the systems and the run are swarm/lab/ (tests/fleet drives the same
 code); the scenarios are data in swarm/lab/scenarios.py. This file is the command line
 and the table. Needs root (network namespaces), aria2c, and MinIO (built on first use:
@@ -42,13 +48,14 @@ import argparse
 import contextlib
 import json
 import signal
+import statistics
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from types import FrameType
 
 from swarm.lab.fleet import log, run_fleet
-from swarm.lab.fleetdata import FleetConfig, SystemResult
+from swarm.lab.fleetdata import FleetConfig, RoundsSummary, SystemResult, summarize_rounds
 from swarm.lab.jobs import FleetError
 from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
 from swarm.lab.s3 import S3Error, build_minio
@@ -81,14 +88,14 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         f"{'system':<11} {'all-done s':>10} {'median s':>9} {'x T*':>6} {'x swarm':>8} "
         f"{'origin B/F':>10} {'CPU-s/node/GiB':>14} {'cpu avg':>8} {'cpu sat':>8}",
     ]
-    for r in rows:
-        vs = f"{r['vs_swarm']:.2f}" if r["vs_swarm"] is not None else "-"
-        node_cpu = r["cpu_s_per_node_gib"]
+    for row in rows:
+        vs = f"{row['vs_swarm']:.2f}" if row["vs_swarm"] is not None else "-"
+        node_cpu = row["cpu_s_per_node_gib"]
         cpu = f"{node_cpu:.2f}" if node_cpu is not None else "-"
         lines.append(
-            f"{r['system']:<11} {r['all_done_s']:>10.2f} {r['median_s']:>9.2f} "
-            f"{r['vs_bound']:>6.2f} {vs:>8} {r['origin_bytes_per_F']:>10.2f} {cpu:>14} "
-            f"{r['cpu_busy_avg']:>8.0%} {r['cpu_saturated']:>8.0%}"
+            f"{row['system']:<11} {row['all_done_s']:>10.2f} {row['median_s']:>9.2f} "
+            f"{row['vs_bound']:>6.2f} {vs:>8} {row['origin_bytes_per_F']:>10.2f} {cpu:>14} "
+            f"{row['cpu_busy_avg']:>8.0%} {row['cpu_saturated']:>8.0%}"
         )
     for r in results:
         per_node = " ".join(f"{n.seconds:.1f}" for n in sorted(r.nodes, key=lambda n: n.node))
@@ -114,6 +121,29 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         "were done) per GiB; cpu avg: mean machine CPU use during the run (2 cores); "
         "cpu sat: share of 1-s samples >= 95% busy"
     )
+    return "\n".join(lines)
+
+
+def rounds_table(config: FleetConfig, summary: RoundsSummary, baseline_limit: float) -> str:
+    """What several rounds show together (``--repeat``)."""
+    bound = config.bound()
+    lines = [
+        f"{len(max(summary.all_done.values(), key=len, default=[]))} rounds, T* {bound:.2f} s",
+        f"{'system':<11} {'median s':>9} {'min s':>7} {'max s':>7} {'median x T*':>12}",
+    ]
+    for system, times in summary.all_done.items():
+        median = statistics.median(times)
+        lines.append(
+            f"{system:<11} {median:>9.2f} {min(times):>7.2f} {max(times):>7.2f} "
+            f"{median / bound:>12.2f}"
+        )
+    if summary.swarm_vs_fastest:
+        ratios = " ".join(f"{r:.2f}" for r in summary.swarm_vs_fastest)
+        lines.append(f"  swarm / fastest baseline, round by round: {ratios}")
+        lines.append(
+            f"  issue 11's targets (<= 1.25x T*, <= {baseline_limit:g}x the fastest "
+            f"baseline) met in {summary.met} of {summary.judged} rounds"
+        )
     return "\n".join(lines)
 
 
@@ -194,10 +224,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         help="keep the work directory (node logs; for swarm the coordinator's /v1/fleet "
         "every 0.5 s in fleet-trace.jsonl and its debug log, each allocation's inputs)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the invocation this many times, the systems' order rotated each round, "
+        "and summarize the rounds (1)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.rate_scale <= 0:
         parser.error("--rate-scale must be positive")
+    if not 1 <= args.repeat <= 50:
+        parser.error("--repeat must be 1-50")
+    if args.repeat > 1 and args.keep:
+        parser.error("--keep keeps one run's work directory: use it without --repeat")
     if args.tcp_cc and args.tcp_cc not in available_tcp_cc():
         parser.error(f"--tcp-cc {args.tcp_cc}: this kernel has {' '.join(available_tcp_cc())}")
     flags = {key: getattr(args, key, None) for key in DEFAULTS}
@@ -224,30 +265,46 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if config.s3 == "minio":
             build_minio(log)
+        rounds: list[tuple[list[SystemResult], dict[str, str]]] = []
         with run_deadline(args.run_timeout):
-            results, failures = run_fleet(config, args.systems, keep=args.keep)
+            for round_no in range(args.repeat):
+                turn = round_no % len(args.systems)
+                order = args.systems[turn:] + args.systems[:turn]
+                if args.repeat > 1:
+                    log(f"round {round_no + 1} of {args.repeat}: {', '.join(order)}")
+                results, failures = run_fleet(config, order, keep=args.keep)
+                rounds.append((sorted(results, key=lambda r: args.systems.index(r.system)),
+                               failures))  # fmt: skip
     except (FleetError, LabError, S3Error) as error:
         log(f"FAILED: {error}")
         return 1
+    baseline_limit = 1.05 if args.rate_scale >= 1 else 1.0
+    summary = summarize_rounds([results for results, _ in rounds], 1.25, baseline_limit)
     if args.json:
-        swarm = next((r.all_done for r in results if r.system == "swarm"), None)
-        print(
-            json.dumps(
+        body = []
+        for results, failures in rounds:
+            swarm = next((r.all_done for r in results if r.system == "swarm"), None)
+            body.append(
                 {
-                    "config": asdict(config),
-                    "bound_s": config.bound(),
                     "rows": [r.row(swarm) for r in results],
                     "results": [asdict(r) for r in results],
                     "failures": failures,
-                },
-                indent=2,
+                }
             )
-        )
+        report = {"config": asdict(config), "bound_s": config.bound(), **body[0]}
+        if args.repeat > 1:
+            report["rounds"] = body
+            report["summary"] = asdict(summary)
+        print(json.dumps(report, indent=2))
     else:
-        print(table(config, results, failures))
-    if failures:
-        log(f"FAILED systems: {', '.join(failures)}")
-    return 1 if failures else 0
+        print("\n\n".join(table(config, results, failures) for results, failures in rounds))
+        if args.repeat > 1:
+            print()
+            print(rounds_table(config, summary, baseline_limit))
+    failed = sorted({system for _, failures in rounds for system in failures})
+    if failed:
+        log(f"FAILED systems: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

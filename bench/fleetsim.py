@@ -33,6 +33,7 @@ import random
 import sys
 import time
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,7 +220,7 @@ def simulate(
     return (finished if finished is not None else float("inf")), t_star, origin_bytes / size
 
 
-def scaled(shape: dict[str, float], scale: float) -> dict[str, float]:
+def scaled(shape: Mapping[str, float], scale: float) -> dict[str, float]:
     return {k: (v * scale if k != "seeders" else v) for k, v in shape.items()}
 
 
@@ -255,7 +256,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name in args.scenario or ["origin-bound", "swarm-bound", "slow-uploads"]:
         for n in (int(x) for x in args.nodes.split(",")):
-            shape = SCENARIOS[name]
+            shape = scaled(SCENARIOS[name], 1.0)
             t_star = bound(n, size, shape)
             began = time.monotonic()
             done, t_star, origin = simulate(

@@ -89,7 +89,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
         if args.trace:
             args.trace.write_text(json.dumps(trace))
         cpu = cpu_seconds() - (cpu0 or 0.0)
-        result = {"server_cpu": cpu, "bytes_sent": server.bytes_sent, "gso": server.gso_active}
+        result: dict[str, object] = {
+            "server_cpu": cpu,
+            "bytes_sent": server.bytes_sent,
+            "gso": server.gso_active,
+        }
         if server.finished:
             stats = server.finished[-1]
             result["retransmits"] = stats.retransmits

@@ -199,3 +199,44 @@ class SystemResult:
                 round(self.cpu_per_node_gib, 2) if self.cpu_per_node_gib is not None else None
             ),
         }
+
+
+@dataclass(frozen=True)
+class RoundsSummary:
+    """Several invocations' worth of one scenario (``bench/fleet.py --repeat``): single
+    runs of the same code spread by several seconds here (mixed at a quarter read
+    35.3-39.8 s in one session), more than most changes move them."""
+
+    all_done: dict[str, list[float]]
+    """Each system's all-done seconds, round by round (a failed round left out)."""
+    swarm_vs_fastest: list[float]
+    """Per round with swarm and a baseline: swarm's all-done over the fastest baseline's."""
+    met: int
+    """Rounds in which swarm met both targets: at most ``bound_limit`` x T* and at most
+    ``baseline_limit`` x the fastest baseline's time."""
+    judged: int
+    """Rounds with swarm and a baseline (the ones ``met`` counts among)."""
+
+
+def summarize_rounds(
+    rounds: list[list[SystemResult]],
+    bound_limit: float = 1.25,
+    baseline_limit: float = 1.0,
+) -> RoundsSummary:
+    """What ``rounds`` (each a list of the systems' results in one invocation) show
+    together; targets as issue 11 puts them (``baseline_limit`` 1.05 at full rates)."""
+    all_done: dict[str, list[float]] = {}
+    ratios: list[float] = []
+    met = 0
+    for results in rounds:
+        for result in results:
+            all_done.setdefault(result.system, []).append(result.all_done)
+        swarm = next((r for r in results if r.system == "swarm"), None)
+        baselines = [r for r in results if not r.system.startswith("swarm")]
+        if swarm is None or not baselines:
+            continue
+        ratio = swarm.all_done / min(r.all_done for r in baselines)
+        ratios.append(ratio)
+        if swarm.all_done <= bound_limit * swarm.bound and ratio <= baseline_limit:
+            met += 1
+    return RoundsSummary(all_done, ratios, met, len(ratios))

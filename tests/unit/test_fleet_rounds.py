@@ -1,0 +1,33 @@
+"""What several rounds of one fleet scenario show together (bench/fleet.py --repeat)."""
+
+from __future__ import annotations
+
+from swarm.lab.fleetdata import SystemResult, summarize_rounds
+
+
+def result(system: str, all_done: float, bound: float = 20.0) -> SystemResult:
+    return SystemResult(system, all_done, [], 0, bound, 1 << 27, 0.5, 0.0)
+
+
+def test_rounds_are_judged_one_by_one_against_issue_11s_targets() -> None:
+    rounds = [
+        [result("swarm", 24.0), result("aria2c", 25.0), result("s5cmd", 30.0)],  # met
+        [result("swarm", 24.0), result("aria2c", 23.0)],  # slower than aria2c
+        [result("swarm", 26.0), result("aria2c", 40.0)],  # over 1.25x T* (25 s)
+        [result("aria2c", 22.0)],  # swarm failed: not judged
+    ]
+    summary = summarize_rounds(rounds)
+    assert summary.all_done == {
+        "swarm": [24.0, 24.0, 26.0],
+        "aria2c": [25.0, 23.0, 40.0, 22.0],
+        "s5cmd": [30.0],
+    }
+    assert summary.swarm_vs_fastest == [24.0 / 25.0, 24.0 / 23.0, 26.0 / 40.0]
+    assert (summary.met, summary.judged) == (1, 3)
+    # at full rates a baseline may be up to 5% faster
+    assert summarize_rounds(rounds, baseline_limit=1.05).met == 2
+
+
+def test_swarm_solo_is_not_a_baseline() -> None:
+    summary = summarize_rounds([[result("swarm", 24.0), result("swarm-solo", 20.0)]])
+    assert summary.swarm_vs_fastest == [] and summary.judged == 0
