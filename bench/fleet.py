@@ -124,11 +124,13 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
     return "\n".join(lines)
 
 
-def rounds_table(config: FleetConfig, summary: RoundsSummary, baseline_limit: float) -> str:
-    """What several rounds show together (``--repeat``)."""
+def rounds_table(
+    config: FleetConfig, summary: RoundsSummary, rounds: int, baseline_limit: float
+) -> str:
+    """What ``rounds`` rounds show together (``--repeat``)."""
     bound = config.bound()
     lines = [
-        f"{len(max(summary.all_done.values(), key=len, default=[]))} rounds, T* {bound:.2f} s",
+        f"{rounds} rounds, T* {bound:.2f} s (a system's failed rounds left out)",
         f"{'system':<11} {'median s':>9} {'min s':>7} {'max s':>7} {'median x T*':>12}",
     ]
     for system, times in summary.all_done.items():
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n\n".join(table(config, results, failures) for results, failures in rounds))
         if args.repeat > 1:
             print()
-            print(rounds_table(config, summary, baseline_limit))
+            print(rounds_table(config, summary, len(rounds), baseline_limit))
     failed = sorted({system for _, failures in rounds for system in failures})
     if failed:
         log(f"FAILED systems: {', '.join(failed)}")
