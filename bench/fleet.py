@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.repeat > 1:
                     log(f"round {round_no + 1} of {args.repeat}: {', '.join(order)}")
                 results, failures = run_fleet(config, order, keep=args.keep)
-                rounds.append((sorted(results, key=lambda r: args.systems.index(r.system)),
-                               failures))  # fmt: skip
+                results.sort(key=lambda r: args.systems.index(r.system))  # as asked
+                rounds.append((results, failures))
     except (FleetError, LabError, S3Error) as error:
         log(f"FAILED: {error}")
         return 1
