@@ -39,6 +39,7 @@ for _ in range(100):
         break
     except OSError:
         time.sleep(0.05)
+conn.settimeout(None)  # the connect's timeout is not the sends': a slowed link blocks them
 block, deadline = b"x" * (1 << 20), time.monotonic() + 30
 while time.monotonic() < deadline:
     conn.sendall(block)
