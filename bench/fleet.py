@@ -55,7 +55,15 @@ from dataclasses import asdict
 from types import FrameType
 
 from swarm.lab.fleet import log, run_fleet
-from swarm.lab.fleetdata import FleetConfig, RoundsSummary, SystemResult, summarize_rounds
+from swarm.lab.fleetdata import (
+    TARGET_BOUND,
+    FleetConfig,
+    RoundsSummary,
+    SystemResult,
+    fastest_baseline,
+    summarize_rounds,
+    target_baseline,
+)
 from swarm.lab.jobs import FleetError
 from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
 from swarm.lab.s3 import S3Error, build_minio
@@ -109,9 +117,8 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
                     total[k] = total.get(k, 0) + int(v)
             shares = ", ".join(f"{k} {v / (r.size * len(r.nodes)):.0%}" for k, v in total.items())
             lines.append(f"  swarm bytes by source (share of N*F): {shares}")
-    baselines = [r for r in results if not r.system.startswith("swarm")]
-    if swarm is not None and baselines:
-        best = min(baselines, key=lambda r: r.all_done)
+    best = fastest_baseline(results)
+    if swarm is not None and best is not None:
         lines.append(f"  swarm / fastest baseline ({best.system}) = {swarm / best.all_done:.2f}")
     for system, why in failures.items():
         # the header and the failing job's own reason (its log tails are in the run's log)
@@ -143,7 +150,7 @@ def rounds_table(
         ratios = " ".join(f"{r:.2f}" for r in summary.swarm_vs_fastest)
         lines.append(f"  swarm / fastest baseline, round by round: {ratios}")
         lines.append(
-            f"  issue 11's targets (<= 1.25x T*, <= {baseline_limit:g}x the fastest "
+            f"  issue 11's targets (<= {TARGET_BOUND:g}x T*, <= {baseline_limit:g}x the fastest "
             f"baseline) met in {summary.met} of {summary.judged} rounds"
         )
     return "\n".join(lines)
@@ -280,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FleetError, LabError, S3Error) as error:
         log(f"FAILED: {error}")
         return 1
-    baseline_limit = 1.05 if args.rate_scale >= 1 else 1.0
-    summary = summarize_rounds([results for results, _ in rounds], 1.25, baseline_limit)
+    baseline_limit = target_baseline(args.rate_scale)
+    summary = summarize_rounds([results for results, _ in rounds], TARGET_BOUND, baseline_limit)
     if args.json:
         body = []
         for results, failures in rounds:

@@ -95,7 +95,7 @@ def max_min(capacity: float, demands: list[float]) -> list[float]:
     return shares
 
 
-def bound(n: int, size: int, shape: dict[str, float]) -> float:
+def bound(n: int, size: int, shape: Mapping[str, float]) -> float:
     """Kumar-Ross T* (seconds), as bench/fleet.py computes it."""
     server = (shape["origin_up"] + shape.get("seeders", 0) * shape["node_up"]) * MBIT
     total = server + n * shape["node_up"] * MBIT
@@ -105,7 +105,7 @@ def bound(n: int, size: int, shape: dict[str, float]) -> float:
 def simulate(
     n: int,
     size: int,
-    shape: dict[str, float],
+    shape: Mapping[str, float],
     *,
     piece_size: int | None = None,
     dt: float = 0.5,
@@ -238,7 +238,7 @@ def main() -> None:
         print("|---|---|---|---|---|")
         errors = []
         for (name, scale), measured in MEASURED_N8.items():
-            shape = scaled(SCENARIOS[name], scale)
+            shape: Mapping[str, float] = scaled(SCENARIOS[name], scale)
             t_star = bound(8, 128 << 20, shape)
             done, t_star, _ = simulate(
                 8, 128 << 20, shape, piece_size=1 << 20, dt=t_star / 400, startup=args.startup
@@ -256,7 +256,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name in args.scenario or ["origin-bound", "swarm-bound", "slow-uploads"]:
         for n in (int(x) for x in args.nodes.split(",")):
-            shape = scaled(SCENARIOS[name], 1.0)
+            shape = SCENARIOS[name]
             t_star = bound(n, size, shape)
             began = time.monotonic()
             done, t_star, origin = simulate(

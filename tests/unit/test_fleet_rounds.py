@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.lab.fleetdata import SystemResult, summarize_rounds
+from swarm.lab.fleetdata import SystemResult, fastest_baseline, summarize_rounds, target_baseline
 
 
 def result(system: str, all_done: float, bound: float = 20.0) -> SystemResult:
@@ -31,3 +31,11 @@ def test_rounds_are_judged_one_by_one_against_issue_11s_targets() -> None:
 def test_swarm_solo_is_not_a_baseline() -> None:
     summary = summarize_rounds([[result("swarm", 24.0), result("swarm-solo", 20.0)]])
     assert summary.swarm_vs_fastest == [] and summary.judged == 0
+
+
+def test_the_fastest_baseline_and_the_targets_margin() -> None:
+    results = [result("swarm", 24.0), result("swarm-solo", 20.0), result("s5cmd", 23.0)]
+    best = fastest_baseline([*results, result("aria2c", 25.0)])
+    assert best is not None and best.system == "s5cmd"
+    assert fastest_baseline([result("swarm", 24.0)]) is None
+    assert (target_baseline(1.0), target_baseline(0.25)) == (1.05, 1.0)
