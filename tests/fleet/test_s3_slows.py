@@ -100,10 +100,11 @@ def _flows(views: list[dict[str, Any]], since: float) -> list[Any]:
         s3, peers = first.get(node, (0, 0))
         return round((got[0] - s3) / 2**20, 1), round((got[1] - peers) / 2**20, 1)
 
-    return [
-        (round(r["t"] - since, 1), [since_first(n, got) for n, got in sorted(by_source(r).items())])
-        for r in views
-    ]
+    def row(view: dict[str, Any]) -> list[tuple[float, float]]:
+        got = by_source(view)  # the first view's nodes, in one order: the rows line up
+        return [since_first(n, got.get(n, first[n])) for n in sorted(first)]
+
+    return [(round(r["t"] - since, 1), row(r)) for r in views]
 
 
 def _fed_until(flows: list[Any]) -> float:
