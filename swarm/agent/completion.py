@@ -228,7 +228,8 @@ def _received(session: TorrentSession, artifact: Artifact) -> str:
     as the status shows it: the verified file is handed to a new one in seed mode). The
     excess over the size came twice or in vain; libtorrent's redundant count, shown
     beside it, sees only the peers' blocks it got twice or no longer wanted, not pieces
-    the S3 reader wrote beside them."""
+    the S3 reader wrote beside them; those the S3 reader counts itself (the bytes of a
+    piece another source brought while S3 did)."""
     state = session.torrents.get(artifact.info_hash)
     try:
         status = state.handle.status() if state is not None else None
@@ -243,5 +244,7 @@ def _received(session: TorrentSession, artifact: Artifact) -> str:
     return (
         f" (received {(s3 + peers + udp) / 1e6:.1f} MB for {artifact.manifest.size / 1e6:.1f}:"
         f" S3 {s3 / 1e6:.1f}, peers {peers / 1e6:.1f}, UDP {udp / 1e6:.1f};"
-        f" {redundant / 1e6:.1f} of peers' redundant as libtorrent counts them)"
+        f" {redundant / 1e6:.1f} of peers' redundant as libtorrent counts them,"
+        f" {artifact.s3_overtaken.total / 1e6:.1f} of S3's read for pieces another source brought"
+        " meanwhile)"
     )

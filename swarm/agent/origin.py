@@ -296,6 +296,7 @@ def read_origin(
                     on_retry=retrying,
                     width=widths[batch.kind],
                     streamed=artifact.s3_streamed.add,
+                    overtaken=artifact.s3_overtaken.add,
                     reading=reading if per_get or held_back else None,
                 ).fetch(batch.pieces, stop)
         finally:

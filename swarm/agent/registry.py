@@ -136,6 +136,9 @@ class Artifact:
     s3_streamed: ByteCount = field(default_factory=ByteCount)
     """Bytes the S3 reader has received, counted as they stream in (reported: the
     coordinator's rates), where ``bytes_by_source`` counts whole pieces once stored."""
+    s3_overtaken: ByteCount = field(default_factory=ByteCount)
+    """Bytes of those read in vain: pieces another source brought while S3 brought them
+    (the completion's log line says how much of the excess over the size they are)."""
     _udp_carries_wan_until: float = 0.0
     _s3_rtt: tuple[str | None, float] | None = None
     _s3_rtt_lock: threading.Lock = field(default_factory=threading.Lock)

@@ -204,6 +204,7 @@ class S3Source:
         width: GetWidth | None = None,
         streamed: Callable[[int], object] | None = None,
         reading: Callable[[list[int], bool], object] | None = None,
+        overtaken: Callable[[int], object] | None = None,
     ) -> None:
         self.client = client
         self.url = S3Url(manifest.bucket, manifest.key)
@@ -229,6 +230,9 @@ class S3Source:
         self.reading = reading
         """Told the pieces a GET is about to read (``True``) and, once it is over, the
         same pieces (``False``), the sink's own excepted."""
+        self.overtaken = overtaken
+        """Told the bytes read in vain (a byte counter): of a piece another source
+        brought while this one read it, whether the read was given up or finished."""
 
     def fetch(self, pieces: Iterable[int], stop: Callable[[], bool] | None = None) -> None:
         """Fetch ``pieces`` (those the sink still misses); return when all are stored, or,
@@ -391,6 +395,7 @@ class S3Source:
                     # is still missing. Read to the end, a far node's slow GETs carried
                     # 74 MB the fleet already had for 16 MB it used.
                     break
+                self._overtaken(index, length)  # brought meanwhile: counted; offered anyway
                 if not self.sink.offer(index, data, SOURCE):
                     bad += 1
                     log.warning("s3 piece %d of %s failed its SHA-1; will refetch", index, self.url)
@@ -403,13 +408,22 @@ class S3Source:
         """Fill ``view`` with piece ``index`` from ``body``, :data:`OVERTAKEN_CHECK` bytes
         at a time; False as soon as the sink holds the piece (nothing more is read)."""
         for start in range(0, len(view), OVERTAKEN_CHECK):
-            if self.sink.have(index):
+            if self._overtaken(index, start):
                 return False
             part = read_exactly(body, view[start : start + OVERTAKEN_CHECK], water)
             if self.streamed is not None:
                 self.streamed(len(part))
             if self.width is not None:
                 self.width.tick()
+        return True
+
+    def _overtaken(self, index: int, read: int) -> bool:
+        """Whether the sink holds piece ``index`` already (another source brought it),
+        the ``read`` bytes of it then counted as read in vain."""
+        if not self.sink.have(index):
+            return False
+        if read and self.overtaken is not None:
+            self.overtaken(read)
         return True
 
 

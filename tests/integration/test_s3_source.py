@@ -108,6 +108,42 @@ def test_a_get_gives_up_a_piece_another_source_brought_while_it_was_read(env, bu
     assert sink.checks >= 3 and sink.held == {0, 1, 2, 3}
 
 
+class LateSinks(RacingSink):
+    """Each piece of ``late`` counts as brought by another source from its ``nth`` check
+    on (index: nth)."""
+
+    def __init__(self, manifest: Manifest, late: dict[int, int]) -> None:
+        super().__init__(manifest, trigger=-1, others=set())
+        self.late, self.checks = late, dict.fromkeys(late, 0)
+
+    def have(self, index: int) -> bool:
+        if index in self.late:
+            self.checks[index] += 1
+            if self.checks[index] == self.late[index]:
+                self.held.add(index)
+        return index in self.held
+
+
+def test_the_bytes_read_for_pieces_another_source_brought_are_counted(env, bucket, tmp_path):
+    """The part of piece 1 read before it arrived from elsewhere (a quarter) is counted
+    as read in vain, and so is all of piece 3, brought as its last quarter came in (too
+    late for the checks that give a piece up; it is offered anyway, a duplicate)."""
+    piece = 4 * OVERTAKEN_CHECK
+    manifest, client = _published(env, bucket, tmp_path / "v.bin", 4, piece)
+    # piece 1's checks: choosing the range, before its first quarter, before its second;
+    # piece 3's: choosing each of the two ranges (the first GET stops at piece 1), before
+    # each of its four quarters, once read
+    sink = LateSinks(manifest, {1: 3, 3: 7})
+    vain: list[int] = []
+    config = S3SourceConfig(concurrency=1, range_size=4 * piece)
+    S3Source(client, manifest, sink, threading.Event(), config, overtaken=vain.append).fetch(
+        range(4)
+    )
+    assert sink.held == {0, 1, 2, 3}
+    assert sink.offered == [0, 2, 3]
+    assert vain == [OVERTAKEN_CHECK, piece]
+
+
 def test_gets_read_to_their_end_reuse_one_connection(env, bucket, tmp_path):
     """A body read to its end gives its connection back to the pool, so four GETs in a
     row open one (each used to open its own: a TCP handshake and slow start, in AWS a
