@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"FAILED: {error}")
         return 1
     baseline_limit = target_baseline(args.rate_scale)
-    summary = summarize_rounds([results for results, _ in rounds], TARGET_BOUND, baseline_limit)
+    summary = summarize_rounds([results for results, _ in rounds], baseline_limit)
     if args.json:
         body = []
         for results, failures in rounds:

@@ -212,8 +212,8 @@ class RoundsSummary:
     swarm_vs_fastest: list[float]
     """Per round with swarm and a baseline: swarm's all-done over the fastest baseline's."""
     met: int
-    """Rounds in which swarm met both targets: at most ``bound_limit`` x T* and at most
-    ``baseline_limit`` x the fastest baseline's time."""
+    """Rounds in which swarm met both targets: at most :data:`TARGET_BOUND` x T* and at
+    most ``baseline_limit`` x the fastest baseline's time."""
     judged: int
     """Rounds with swarm and a baseline (the ones ``met`` counts among)."""
 
@@ -235,9 +235,7 @@ def fastest_baseline(results: list[SystemResult]) -> SystemResult | None:
 
 
 def summarize_rounds(
-    rounds: list[list[SystemResult]],
-    bound_limit: float = TARGET_BOUND,
-    baseline_limit: float = 1.0,
+    rounds: list[list[SystemResult]], baseline_limit: float = 1.0
 ) -> RoundsSummary:
     """What ``rounds`` (each a list of the systems' results in one invocation) show
     together; targets as issue 11 puts them (``baseline_limit`` 1.05 at full rates)."""
@@ -253,6 +251,6 @@ def summarize_rounds(
             continue
         ratio = swarm.all_done / best.all_done
         ratios.append(ratio)
-        if swarm.all_done <= bound_limit * swarm.bound and ratio <= baseline_limit:
+        if swarm.all_done <= TARGET_BOUND * swarm.bound and ratio <= baseline_limit:
             met += 1
     return RoundsSummary(all_done, ratios, met, len(ratios))

@@ -395,7 +395,8 @@ class S3Source:
                     # is still missing. Read to the end, a far node's slow GETs carried
                     # 74 MB the fleet already had for 16 MB it used.
                     break
-                self._overtaken(index, length)  # brought meanwhile: counted; offered anyway
+                if self.overtaken is not None and self.sink.have(index):
+                    self.overtaken(length)  # brought as it was read: counted, offered anyway
                 if not self.sink.offer(index, data, SOURCE):
                     bad += 1
                     log.warning("s3 piece %d of %s failed its SHA-1; will refetch", index, self.url)
@@ -408,22 +409,15 @@ class S3Source:
         """Fill ``view`` with piece ``index`` from ``body``, :data:`OVERTAKEN_CHECK` bytes
         at a time; False as soon as the sink holds the piece (nothing more is read)."""
         for start in range(0, len(view), OVERTAKEN_CHECK):
-            if self._overtaken(index, start):
+            if self.sink.have(index):
+                if start and self.overtaken is not None:
+                    self.overtaken(start)  # the part read in vain
                 return False
             part = read_exactly(body, view[start : start + OVERTAKEN_CHECK], water)
             if self.streamed is not None:
                 self.streamed(len(part))
             if self.width is not None:
                 self.width.tick()
-        return True
-
-    def _overtaken(self, index: int, read: int) -> bool:
-        """Whether the sink holds piece ``index`` already (another source brought it),
-        the ``read`` bytes of it then counted as read in vain."""
-        if not self.sink.have(index):
-            return False
-        if read and self.overtaken is not None:
-            self.overtaken(read)
         return True
 
 

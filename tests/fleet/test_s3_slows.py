@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -119,10 +120,9 @@ def _fed_until(flows: list[Any]) -> float:
         j = next((j for j in range(i - 1, -1, -1) if t - flows[j][0] >= 1.0), None)
         if j is None:
             continue
-        rates = sorted((peers - flows[j][1][k][1]) / (t - flows[j][0])
-                       for k, (_, peers) in enumerate(nodes))  # fmt: skip
-        median = (rates[(len(rates) - 1) // 2] + rates[len(rates) // 2]) / 2
-        if median >= link_mib / 3:
+        then, before = flows[j]
+        rates = [(peers - before[k][1]) / (t - then) for k, (_, peers) in enumerate(nodes)]
+        if statistics.median(rates) >= link_mib / 3:
             last = t
     return last
 

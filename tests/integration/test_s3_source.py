@@ -81,34 +81,6 @@ def test_a_fetch_told_to_stop_ends_at_the_next_piece(env, bucket, tmp_path):
 
 
 class LateSink(RacingSink):
-    """Piece ``index`` counts as brought by another source from the ``nth`` check on."""
-
-    def __init__(self, manifest: Manifest, index: int, nth: int) -> None:
-        super().__init__(manifest, trigger=-1, others=set())
-        self.index, self.nth, self.checks = index, nth, 0
-
-    def have(self, index: int) -> bool:
-        if index == self.index:
-            self.checks += 1
-            if self.checks == self.nth:
-                self.held.add(index)
-        return index in self.held
-
-
-def test_a_get_gives_up_a_piece_another_source_brought_while_it_was_read(env, bucket, tmp_path):
-    """1 MiB pieces are read a quarter at a time: piece 1 arrives from elsewhere after
-    its first quarter was read, and the rest of it is not."""
-    piece = 1 << 20
-    manifest, client = _published(env, bucket, tmp_path / "b.bin", 4, piece)
-    # checks of piece 1: choosing the range, before its first quarter, before its second
-    sink = LateSink(manifest, index=1, nth=3)
-    config = S3SourceConfig(concurrency=1, range_size=4 * piece)
-    S3Source(client, manifest, sink, threading.Event(), config).fetch(range(4))
-    assert sink.offered == [0, 2, 3]
-    assert sink.checks >= 3 and sink.held == {0, 1, 2, 3}
-
-
-class LateSinks(RacingSink):
     """Each piece of ``late`` counts as brought by another source from its ``nth`` check
     on (index: nth)."""
 
@@ -124,6 +96,19 @@ class LateSinks(RacingSink):
         return index in self.held
 
 
+def test_a_get_gives_up_a_piece_another_source_brought_while_it_was_read(env, bucket, tmp_path):
+    """1 MiB pieces are read a quarter at a time: piece 1 arrives from elsewhere after
+    its first quarter was read, and the rest of it is not."""
+    piece = 1 << 20
+    manifest, client = _published(env, bucket, tmp_path / "b.bin", 4, piece)
+    # checks of piece 1: choosing the range, before its first quarter, before its second
+    sink = LateSink(manifest, {1: 3})
+    config = S3SourceConfig(concurrency=1, range_size=4 * piece)
+    S3Source(client, manifest, sink, threading.Event(), config).fetch(range(4))
+    assert sink.offered == [0, 2, 3]
+    assert sink.checks[1] >= 3 and sink.held == {0, 1, 2, 3}
+
+
 def test_the_bytes_read_for_pieces_another_source_brought_are_counted(env, bucket, tmp_path):
     """The part of piece 1 read before it arrived from elsewhere (a quarter) is counted
     as read in vain, and so is all of piece 3, brought as its last quarter came in (too
@@ -133,7 +118,7 @@ def test_the_bytes_read_for_pieces_another_source_brought_are_counted(env, bucke
     # piece 1's checks: choosing the range, before its first quarter, before its second;
     # piece 3's: choosing each of the two ranges (the first GET stops at piece 1), before
     # each of its four quarters, once read
-    sink = LateSinks(manifest, {1: 3, 3: 7})
+    sink = LateSink(manifest, {1: 3, 3: 7})
     vain: list[int] = []
     config = S3SourceConfig(concurrency=1, range_size=4 * piece)
     S3Source(client, manifest, sink, threading.Event(), config, overtaken=vain.append).fetch(
