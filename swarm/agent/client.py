@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import http.client
 import json
 import logging
@@ -153,6 +154,16 @@ class DaemonClient:
             return False
 
 
+_forked_daemon = False
+
+
+def forked_a_daemon() -> bool:
+    """Whether this process forked its node's daemon (:func:`fork_daemon`): the two
+    share their pages until one writes to them, so this one had better not end by
+    tearing its interpreter down (see :func:`swarm.cli.main`)."""
+    return _forked_daemon
+
+
 def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> tuple[int, int]:
     """Start ``swarm ARGS`` (the daemon) for ``home`` in a child of this process, in a
     session of its own, its output appended to ``daemon.log``; returns its pid and the
@@ -168,9 +179,14 @@ def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> 
     ``coordinator`` (the setting as ``swarm fetch`` resolved it): the child opens its
     connection to the first one at once
     (:func:`swarm.agent.reporter.preconnect`)."""
+    global _forked_daemon
     sys.stdout.flush()
     sys.stderr.flush()
     ready_read, ready_write = os.pipe()
+    # Every object now alive is shared with the child, page by page, until one side
+    # writes to it; a collection writes to every object it scans. Frozen, neither
+    # side's collections scan them (CPython's advice for forking servers).
+    gc.freeze()
     try:
         pid = os.fork()
     except OSError:
@@ -179,6 +195,7 @@ def fork_daemon(home: Path, args: list[str], coordinator: str | None = None) -> 
         raise
     if pid:
         os.close(ready_write)  # the child's copy stays open until it is ready or gone
+        _forked_daemon = True
         return pid, ready_read
     code = 1
     try:

@@ -1,13 +1,16 @@
-"""How ``swarm fetch`` learns that the daemon it forked serves: a pipe, not polling."""
+"""How ``swarm fetch`` learns that the daemon it forked serves (a pipe, not polling), and
+how it ends (its own code and output, without tearing down what it shares with it)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from tests.swarmnet import Node, Swarm
+from swarm.errors import NotFoundError
+from tests.swarmnet import Node, Swarm, done_event
 
 # Run in a process of its own: a fork of pytest's would carry its threads and state.
 FORK_AND_WAIT = """
@@ -61,3 +64,22 @@ def test_a_daemon_that_fails_at_start_closes_its_pipe(fleet: Swarm) -> None:
     assert node.daemon_pid() == first.pid
     # the pipe's end, not the select's 30 s timeout: the second daemon exits at its lock
     assert result["readable"] is True and result["waited"] < 10
+
+
+def test_a_fetch_that_forked_its_daemon_exits_with_its_code_and_all_its_output(
+    fleet: Swarm, tmp_path: Path
+) -> None:
+    # Such a fetch leaves by os._exit, not the interpreter's teardown (swarm.cli.main):
+    # its exit code, its last JSON event and its message must get out all the same.
+    node = fleet.node(0)
+    done = done_event(node.fetch("index.db", tmp_path / "index.db"), 60)
+    assert done["sha256"] and (tmp_path / "index.db").exists()
+    assert node.daemon_pid() is not None  # this fetch forked it
+
+    node = fleet.node(1)
+    missing = node.fetch("ghost.db", tmp_path / "ghost.db")
+    out, err = missing.communicate(timeout=60)
+    assert missing.returncode == NotFoundError.exit_code == 3, err
+    assert json.loads(out.splitlines()[-1])["event"] == "error"
+    assert "ghost.db" in err and not (tmp_path / "ghost.db").exists()
+    assert node.daemon_pid() is not None
