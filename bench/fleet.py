@@ -88,7 +88,12 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
             if (slows := config.origin_slows_after()) is not None
             else ""
         )
-        + f", TCP {config.tcp_cc or machine_tcp_cc()}",
+        + f", TCP {config.tcp_cc or machine_tcp_cc()}"
+        + (
+            f", swarm coordinator --origin-rate {config.origin_rate}"
+            if config.origin_rate != "auto"
+            else ""
+        ),
         f"T* (Kumar-Ross bound) = {config.bound():.2f} s; the allocator plans "
         f"{plan.mode.value} (direct S3 share {plan.direct:.0%}) and predicts "
         f"{plan.finish:.2f} s",
@@ -224,6 +229,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         "every ranged GET: for a run that times nothing)",
     )
     parser.add_argument(
+        "--origin-rate",
+        default="auto",
+        help="the swarm coordinator's --origin-rate: auto (measured), unlimited (S3 known "
+        "to be in the fleet's region), or bytes/s such as 12M (auto)",
+    )
+    parser.add_argument(
         "--timeout", type=float, help="seconds per system (60 + max(10 T*, 2 N F / u_s))"
     )
     parser.add_argument("--run-timeout", type=float, default=3600.0, help="whole run (3600)")
@@ -261,6 +272,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         config = FleetConfig(
             **values,
             s3=args.s3,
+            origin_rate=args.origin_rate.strip().lower(),
             system_timeout=args.timeout,
             scenario=args.scenario,
         )

@@ -176,7 +176,11 @@ class Fleet:
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
         # kept runs log each allocation's inputs (the capacity book's debug lines)
         self.coordinator = Coordinator(
-            self.origin, self.env, work / "coordinator.log", verbose=2 if keep else 0
+            self.origin,
+            self.env,
+            work / "coordinator.log",
+            args=() if config.origin_rate == "auto" else ("--origin-rate", config.origin_rate),
+            verbose=2 if keep else 0,
         )
 
     # -- origin -----------------------------------------------------------------------------

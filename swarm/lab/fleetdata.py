@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.coordinator.allocate import Allocation, Snapshot, allocate
+from swarm.pieces import parse_size
 
 FAR_TCP_FLOWS = 4
 """TCP flows a client keeps across the WAN for :meth:`FleetConfig.far_tcp_seconds`
@@ -54,6 +55,9 @@ class FleetConfig:
     ``--rate-scale``); 0: it never does."""
     origin_slow_up: float | None = None
     """The origin's upload once it has slowed, Mbit/s."""
+    origin_rate: str = "auto"
+    """The swarm coordinator's ``--origin-rate``: ``auto`` (measured), ``unlimited`` (an
+    operator who knows S3 is in the fleet's region), or bytes/s (``12M``)."""
 
     @property
     def far(self) -> bool:
@@ -67,6 +71,16 @@ class FleetConfig:
             raise ValueError(f"need nodes >= 1 and seeders >= 0, got {self.nodes}/{self.seeders}")
         if self.s3 not in ("minio", "moto"):
             raise ValueError(f"s3 must be minio or moto, got {self.s3!r}")
+        if self.origin_rate not in ("auto", "unlimited"):
+            try:
+                rate = parse_size(self.origin_rate)
+            except ValueError:
+                rate = 0
+            if rate <= 0:
+                raise ValueError(
+                    f"origin rate must be auto, unlimited or bytes/s (12M), "
+                    f"got {self.origin_rate!r}"
+                )
         if self.origin_slows_at < 0 or (
             self.origin_slows_at > 0 and (self.origin_slow_up or 0) <= 0
         ):

@@ -43,3 +43,14 @@ def test_an_origin_that_slows_to_nearly_nothing_binds_on_its_own_bits() -> None:
 def test_a_slowing_origin_needs_its_slowed_rate() -> None:
     with pytest.raises(ValueError, match="origin_slow_up"):
         FleetConfig(origin_slows_at=0.3)
+
+
+@pytest.mark.parametrize("rate", ["auto", "unlimited", "12M", "1500000"])
+def test_the_coordinator_s_origin_rate_takes_what_its_flag_takes(rate: str) -> None:
+    assert FleetConfig(origin_rate=rate).origin_rate == rate
+
+
+@pytest.mark.parametrize("rate", ["fast", "0", "-5M", ""])
+def test_a_bad_origin_rate_is_refused_before_any_lab_starts(rate: str) -> None:
+    with pytest.raises(ValueError, match="origin rate must be auto, unlimited or bytes/s"):
+        FleetConfig(origin_rate=rate)
