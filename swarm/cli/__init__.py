@@ -357,9 +357,11 @@ def main() -> None:
         # Nothing is left to run (click has returned; threads are daemons), so flush
         # what is buffered and leave.
         code = done.code if isinstance(done.code, int) else int(done.code is not None)
-        if isinstance(done.code, str):
-            print(done.code, file=sys.stderr)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        try:
+            if isinstance(done.code, str):
+                print(done.code, file=sys.stderr)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:  # a reader gone (EPIPE) must not cost the exit code
+            os._exit(code)
