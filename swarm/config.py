@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import tomllib
 from dataclasses import dataclass, fields
@@ -10,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from swarm.errors import UsageError
+from swarm.pieces import parse_size
 
 DEFAULT_CONFIG_FILE = "/etc/swarm/swarm.toml"
 DEFAULT_HOME = Path("/var/lib/swarm") if os.geteuid() == 0 else Path.home() / ".swarm"
@@ -102,3 +104,20 @@ def check_listen_ip(value: str | None, flag: str = "--listen") -> str | None:
             "e.g. 10.0.0.12 (or 0.0.0.0 for all)"
         ) from None
     return value
+
+
+def origin_rate(value: str) -> float | None:
+    """The coordinator's ``--origin-rate``: None for ``auto`` (measured), ``math.inf`` for
+    ``unlimited``, else bytes/s above 0 (``12M``). ValueError otherwise."""
+    text = value.strip().lower()
+    if text == "auto":
+        return None
+    if text == "unlimited":
+        return math.inf
+    try:
+        rate = parse_size(text)
+    except ValueError:
+        raise ValueError(f"{value!r}: give bytes/s (e.g. 12M), 'auto' or 'unlimited'") from None
+    if rate <= 0:
+        raise ValueError(f"{value!r}: the rate must be above 0 (or 'auto')")
+    return float(rate)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
 
 import click
 
-from swarm import __version__, config, pieces
+from swarm import __version__, config
 from swarm.cli.common import EXIT_HELP, parse_size, reports_errors
 from swarm.cli.fetch import fetch
 from swarm.pieces import validate_piece_size
@@ -222,20 +221,10 @@ def coordinator(listen: str, db: Path | None, store: str | None, origin_rate: fl
 
 def parse_origin_rate(value: str) -> float | None:
     """``--origin-rate``: None for auto, ``math.inf`` for unlimited, else bytes/s > 0."""
-    text = value.strip().lower()
-    if text == "auto":
-        return None
-    if text == "unlimited":
-        return math.inf
     try:
-        rate = pieces.parse_size(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r}: give bytes/s (e.g. 12M), 'auto' or 'unlimited'"
-        ) from None
-    if rate <= 0:
-        raise click.BadParameter(f"{value!r}: the rate must be above 0 (or 'auto')")
-    return float(rate)
+        return config.origin_rate(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
 
 
 @cli.command()

@@ -11,8 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm.config import origin_rate
 from swarm.coordinator.allocate import Allocation, Snapshot, allocate
-from swarm.pieces import parse_size
 
 FAR_TCP_FLOWS = 4
 """TCP flows a client keeps across the WAN for :meth:`FleetConfig.far_tcp_seconds`
@@ -71,16 +71,7 @@ class FleetConfig:
             raise ValueError(f"need nodes >= 1 and seeders >= 0, got {self.nodes}/{self.seeders}")
         if self.s3 not in ("minio", "moto"):
             raise ValueError(f"s3 must be minio or moto, got {self.s3!r}")
-        if self.origin_rate not in ("auto", "unlimited"):
-            try:
-                rate = parse_size(self.origin_rate)
-            except ValueError:
-                rate = 0
-            if rate <= 0:
-                raise ValueError(
-                    f"origin rate must be auto, unlimited or bytes/s (12M), "
-                    f"got {self.origin_rate!r}"
-                )
+        origin_rate(self.origin_rate)  # ValueError as the coordinator's flag gives it
         if self.origin_slows_at < 0 or (
             self.origin_slows_at > 0 and (self.origin_slow_up or 0) <= 0
         ):

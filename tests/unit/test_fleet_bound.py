@@ -52,5 +52,5 @@ def test_the_coordinator_s_origin_rate_takes_what_its_flag_takes(rate: str) -> N
 
 @pytest.mark.parametrize("rate", ["fast", "0", "-5M", ""])
 def test_a_bad_origin_rate_is_refused_before_any_lab_starts(rate: str) -> None:
-    with pytest.raises(ValueError, match="origin rate must be auto, unlimited or bytes/s"):
+    with pytest.raises(ValueError, match=r"give bytes/s|must be above 0"):
         FleetConfig(origin_rate=rate)
