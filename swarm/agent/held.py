@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from swarm.agent import treefs
 from swarm.agent.registry import Artifact
-from swarm.udp import MIN_SECRET_LEN
+from swarm.udp.wire import MIN_SECRET_LEN
 
 if TYPE_CHECKING:
     from swarm.agent.daemon import Daemon

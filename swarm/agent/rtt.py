@@ -10,7 +10,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from swarm.agent.tcpdiag import plain_address, tcp_min_rtts
-from swarm.udp.datapath import handshake_rtt
+from swarm.netconnect import handshake_rtt
 
 RTT_PROBES: Final = 3
 """TCP connects timed before a session (their least is the holder's round trip)."""

@@ -9,10 +9,11 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from swarm.agent import memory
 from swarm.agent.api import ApiServer
@@ -23,9 +24,12 @@ from swarm.agent.reporter import report_loop
 from swarm.agent.uplink import UplinkPacer
 from swarm.config import Settings
 from swarm.errors import SwarmError, UsageError
-from swarm.udp import DEFAULT_PORT as UDP_PORT
-from swarm.udp import DEFAULT_RATE_CAP_BPS, UdpServer
+from swarm.udp.api import DEFAULT_RATE_CAP_BPS, reserve_ports
 from swarm.udp.rate import MIN_RATE_BPS
+from swarm.udp.wire import DEFAULT_PORT as UDP_PORT
+
+if TYPE_CHECKING:
+    from swarm.udp.server import UdpServer
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,13 @@ link (:mod:`swarm.sources.s3width`): eight flows had overshot the shaped link, t
 not (the seeders' figures 192-209 Mbit/s, their budgets at 0.88 169-184 against 186-203
 before; six alternating pairs ran 8.36 s mean against 7.82); twelve pairs at 0.93 ran
 8.07 s against 8.00."""
+
+UDP_SERVE_DELAY = 1.0
+"""Seconds after a fresh daemon serves before its UDP server starts (its ports are bound
+from the start, :func:`swarm.udp.api.reserve_ports`): loading the server is a third of
+the daemon's imports, ~45 ms, and a new node has nothing to serve in its first second,
+while its first S3 GET waits for the CPU (six nodes starting at once on two cores, the
+s3-fast fleet)."""
 
 
 def hold_lock(home: Path) -> int:
@@ -147,6 +158,17 @@ async def serve(
             f"session sends at ({MIN_RATE_BPS // 8} bytes/s): raise it, or turn UDP off "
             "with --udp-port 0"
         )
+    reserved: tuple[socket.socket, socket.socket] | None = None
+    if udp_key is not None:
+        try:
+            reserved = reserve_ports(listen_ip, udp_port)
+        except OSError as error:
+            refuse(
+                f"swarm: cannot serve UDP on {listen_ip}:{udp_port} ({error.strerror}): "
+                "stop what holds it, give this node another --udp-port, or turn UDP off "
+                "with --udp-port 0"
+            )
+        daemon.udp_port = udp_port
     # The marker exists only between a clean close and the next start: its absence means
     # the last daemon died (kill -9, power loss) and its resume data may lie.
     marker = settings.home / "clean-shutdown"
@@ -186,25 +208,37 @@ async def serve(
     if peers_from_asg:
         daemon.asg_groups.add(peers_from_asg)
         start_asg(peers_from_asg)
-    udp_server = None
-    if udp_key is not None:
-        udp_server = UdpServer(
-            udp_key,
-            HeldArtifacts(daemon),
-            host=listen_ip,
-            port=udp_port,
-            rate_cap_bps=udp_budget,
-        )
-        await udp_server.start()
-        daemon.udp_port = udp_port
-        if not upload_limit:  # the operator's budget stands; else the measured link's
-            server = udp_server
+    udp_server: UdpServer | None = None
+    if udp_key is not None and reserved is not None:
 
-            def budget(bytes_per_s: float) -> None:
-                server.set_rate_cap(bytes_per_s * 8 * UDP_LINK_SHARE)
+        async def serve_udp(
+            key: bytes, sockets: tuple[socket.socket, socket.socket], delay: float
+        ) -> None:
+            nonlocal udp_server
+            await asyncio.sleep(delay)
+            from swarm.udp.server import UdpServer  # see UDP_SERVE_DELAY
 
-            daemon.on_link = budget
-        log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
+            server = UdpServer(
+                key, HeldArtifacts(daemon), host=listen_ip, port=udp_port, rate_cap_bps=udp_budget
+            )
+            try:
+                await server.start(sockets)
+            except Exception:
+                log.exception("udp: cannot serve held pieces; peers fetch them over TCP")
+                daemon.udp_port = 0
+                return
+            udp_server = server
+            if not upload_limit:  # the operator's budget stands; else the measured link's
+
+                def budget(bytes_per_s: float) -> None:
+                    server.set_rate_cap(bytes_per_s * 8 * UDP_LINK_SHARE)
+
+                daemon.on_link = budget
+            log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
+
+        # a daemon that holds artifacts already (a seeder's restart) serves them at once
+        delay = 0.0 if daemon.artifacts else UDP_SERVE_DELAY
+        tasks.append(asyncio.create_task(serve_udp(udp_key, reserved, delay)))
     if on_ready:
         tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
@@ -219,6 +253,9 @@ async def serve(
             pacer.stop()
         if udp_server:
             await udp_server.close()
+        elif reserved is not None:  # stopped before it served: the reserved sockets
+            for reserved_socket in reserved:
+                reserved_socket.close()
         # A stop does not wait for API requests still in flight (a fetch request blocked
         # on an S3 endpoint that never answers): their threads are daemon threads.
         await loop.run_in_executor(None, api.stop)

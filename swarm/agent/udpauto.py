@@ -56,8 +56,7 @@ from swarm.agent.udpchoice import (
 from swarm.agent.udplane import Lane
 from swarm.sources.ltsettings import FAR_FETCH_SETTINGS
 from swarm.sources.peers import TorrentSession
-from swarm.udp import DEFAULT_RATE_BPS
-from swarm.udp.client import CONNECT_TIMEOUT
+from swarm.udp.api import CONNECT_TIMEOUT, DEFAULT_RATE_BPS
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,7 @@ from typing import Any
 from swarm.agent.registry import Artifact
 from swarm.agent.udpchoice import TAIL_SHARE, RateWindow, UdpChoice
 from swarm.agent.udpsource import SOURCE, pull_pieces
-from swarm.udp import FetchStats, UdpAuthError, UdpError
-from swarm.udp.client import CONNECT_TIMEOUT
+from swarm.udp.api import CONNECT_TIMEOUT, FetchStats, UdpAuthError, UdpError
 
 log = logging.getLogger("swarm.agent.udpauto")  # one log for the UDP source's choices
 

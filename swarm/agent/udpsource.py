@@ -13,8 +13,7 @@ from concurrent.futures import Future
 from swarm.agent.registry import Artifact
 from swarm.errors import SwarmError
 from swarm.sources.peers import TorrentSession
-from swarm.udp import DEFAULT_RATE_BPS, FetchStats, fetch_pieces_sync
-from swarm.udp.client import CONNECT_TIMEOUT
+from swarm.udp.api import CONNECT_TIMEOUT, DEFAULT_RATE_BPS, FetchStats
 
 SOURCE = "udp"
 """The name UDP bytes go under in ``bytes_by_source``."""
@@ -40,6 +39,8 @@ def pull_pieces(
     most ``rate_bps``. Pieces the sink gets from another source meanwhile (peers, S3),
     or that ``skip`` says come otherwise, are skipped: the sender stops sending them.
     ``pieces`` may come later, as a future (:func:`swarm.udp.client.fetch_pieces`)."""
+    from swarm.udp.client import fetch_pieces_sync  # loads on the first UDP fetch (swarm.udp.api)
+
     manifest, sink = artifact.manifest, artifact.sink
     return fetch_pieces_sync(
         host,

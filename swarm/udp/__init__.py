@@ -17,20 +17,43 @@ unset or empty, and the daemon then starts no server and no UDP source.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from swarm.udp.client import (
+from swarm.udp.api import (
     DEFAULT_RATE_BPS,
+    DEFAULT_RATE_CAP_BPS,
     FetchStats,
     UdpAuthError,
     UdpError,
-    fetch_pieces,
-    fetch_pieces_sync,
 )
-from swarm.udp.pieces import ArtifactPieces, FilePieces, PieceProvider, StaticProvider
-from swarm.udp.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_PORT, MIN_SECRET_LEN
-from swarm.udp.server import DEFAULT_RATE_CAP_BPS, UdpServer
+from swarm.udp.wire import DEFAULT_BLOCK_SIZE, DEFAULT_PORT, MIN_SECRET_LEN
+
+if TYPE_CHECKING:
+    from swarm.udp.client import fetch_pieces, fetch_pieces_sync
+    from swarm.udp.pieces import ArtifactPieces, FilePieces, PieceProvider, StaticProvider
+    from swarm.udp.server import UdpServer
+
+_LAZY = {
+    "fetch_pieces": "swarm.udp.client",
+    "fetch_pieces_sync": "swarm.udp.client",
+    "ArtifactPieces": "swarm.udp.pieces",
+    "FilePieces": "swarm.udp.pieces",
+    "PieceProvider": "swarm.udp.pieces",
+    "StaticProvider": "swarm.udp.pieces",
+    "UdpServer": "swarm.udp.server",
+}
+"""Names whose modules load on first use (PEP 562): the client and the server are most
+of the package's import time, and a daemon needs neither to start (:mod:`swarm.udp.api`)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def secret_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:

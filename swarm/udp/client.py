@@ -32,18 +32,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.errors import AccessDeniedError, SwarmError
 from swarm.netconnect import race_connect
 from swarm.udp import protocol as p
+from swarm.udp.api import (
+    CONNECT_TIMEOUT,
+    DEFAULT_RATE_BPS,
+    FetchStats,
+    UdpAuthError,
+    UdpError,
+)
 from swarm.udp.datapath import RECV_BUDGET, DataSocket, route_mtu
 
-DEFAULT_RATE_BPS = 1_000_000_000
-"""What a client asks for by default: a 1 Gbit/s NIC. The rate rule finds the real
-bottleneck within a few report intervals, and the server's cap bounds it anyway."""
-CONNECT_TIMEOUT = 10.0
 STALL_TIMEOUT = 10.0
 """Seconds without a new block (or, before that, without a validated path) before giving
 up: UDP is probably filtered between the two hosts."""
@@ -51,49 +52,6 @@ up: UDP is probably filtered between the two hosts."""
 
 DRAIN_TURNS = 4
 """Receive budgets (64 receives each) the client drains before a REPORT."""
-
-
-class UdpError(SwarmError):
-    """The UDP transfer failed; the message says why and what to check."""
-
-
-class UdpAuthError(AccessDeniedError):
-    """The fleet secrets of the two nodes differ (exit code 4)."""
-
-
-@dataclass
-class FetchStats:
-    kept: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
-    unavailable: list[int] = field(default_factory=list)
-    refused: str | None = None
-    """The server's reason when it refused the whole request (unknown info-hash)."""
-    bytes: int = 0
-    """Payload bytes received (duplicates included)."""
-    datagrams: int = 0
-    duplicates: int = 0
-    forged: int = 0
-    naks: int = 0
-    hash_failures: int = 0
-    seconds: float = 0.0
-    sender_rate_bps: int = 0
-    block_size: int = 0
-    """Payload bytes per datagram, as the server accepted it (fits the path MTU)."""
-    srtt: float | None = None
-    """Smoothed round-trip time of the control channel's reports, seconds."""
-    min_rtt: float | None = None
-    """The least of those round trips: the path's, without its queues."""
-    gro: bool = False
-    """Whether receives were batched by UDP GRO."""
-    receives: int = 0
-    """Receive calls that returned data (datagrams / receives: the GRO batch size)."""
-    skipped: int = 0
-    """Pieces another source brought first, which the server was told to skip."""
-
-    @property
-    def goodput_bps(self) -> float:
-        """Payload bits per second over the whole fetch (handshake and tail included)."""
-        return 8 * self.bytes / self.seconds if self.seconds > 0 else 0.0
 
 
 class _Fetch:

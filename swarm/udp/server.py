@@ -26,13 +26,14 @@ import os
 import socket
 from collections import deque
 
+from swarm.netconnect import handshake_rtt
 from swarm.udp import protocol as p
+from swarm.udp.api import DEFAULT_RATE_CAP_BPS
 from swarm.udp.datapath import (
     GSO_MAX_BYTES,
     RECV_BUDGET,
     SOCKET_BUFFER,
     DataSocket,
-    handshake_rtt,
     route_mtu,
     tune_buffers,
 )
@@ -40,9 +41,6 @@ from swarm.udp.pieces import ArtifactPieces, PieceProvider
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RATE_CAP_BPS = 1_000_000_000
-"""Server-wide cap: a 1 Gbit/s NIC's worth. Set it below the NIC so a seeder's own fetches
-and BitTorrent traffic keep a share."""
 MAX_SESSIONS = 32
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds from TCP accept to a validated UDP path; then the connection is closed."""
@@ -334,14 +332,20 @@ class UdpServer:
         """Whether sends are batched by UDP GSO (False on kernels without it)."""
         return self._data is not None and self._data.gso
 
-    async def start(self) -> None:
+    async def start(self, reserved: tuple[socket.socket, socket.socket] | None = None) -> None:
+        """Serve on ``host:port``, or on the sockets :func:`swarm.udp.api.reserve_ports`
+        bound (this server owns them from here)."""
         loop = asyncio.get_running_loop()
-        self._tcp = await asyncio.start_server(self._on_connection, self.host, self.port)
+        if reserved is None:
+            self._tcp = await asyncio.start_server(self._on_connection, self.host, self.port)
+        else:
+            self._tcp = await asyncio.start_server(self._on_connection, sock=reserved[0])
         self.port = self._tcp.sockets[0].getsockname()[1]
         family = self._tcp.sockets[0].family
-        sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock = socket.socket(family, socket.SOCK_DGRAM) if reserved is None else reserved[1]
         try:
-            sock.bind((self.host, self.port))
+            if reserved is None:
+                sock.bind((self.host, self.port))
             # Only PROBEs arrive here: no GRO needed.
             self._data = DataSocket(sock, gso=self.gso, gro=False)
             loop.add_reader(sock.fileno(), self._on_readable)

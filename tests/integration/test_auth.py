@@ -190,7 +190,8 @@ def test_the_upload_limit_is_the_udp_servers_budget_too(fleet, tmp_path):
             stderr=out,
         )
     try:
-        wait_until(lambda: "listening on" in log.read_text(), 30, "the daemon to listen")
+        # a fresh daemon's UDP server starts a second after it listens (UDP_SERVE_DELAY)
+        wait_until(lambda: "udp: serving on" in log.read_text(), 30, "the UDP server")
         text = log.read_text()
         assert re.search(r"udp: serving on \S+ \(cap 84 Mbit/s", text), text
     finally:

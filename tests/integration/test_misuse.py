@@ -298,4 +298,29 @@ def test_busy_port_is_an_error_not_a_silent_move(env, tmp_path):
     assert f"cannot listen on 127.0.0.77:{port}" in result.stderr
 
 
+def test_busy_udp_port_is_an_error_before_the_daemon_serves(env, tmp_path):
+    """The UDP server starts a second after the daemon listens, but its port is the
+    daemon's from the start: a busy one is refused then, exit code 2, with what to do."""
+    home = tmp_path / "home"
+    taken = socket.socket()
+    taken.bind(("127.0.0.78", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        result = swarm_cli(
+            "daemon",
+            "--listen",
+            "127.0.0.78",
+            "--udp-port",
+            str(port),
+            env={**env, "SWARM_HOME": str(home), "SWARM_SECRET": "misuse-fleet-secret-0123456789"},
+        )
+    finally:
+        taken.close()
+    assert result.returncode == 2, result.stderr
+    assert f"cannot serve UDP on 127.0.0.78:{port}" in result.stderr
+    assert "--udp-port 0" in result.stderr
+    assert "listening on" not in result.stderr
+
+
 assert BIN.exists()

@@ -28,6 +28,7 @@ from swarm.udp import (
     secret_from_env,
 )
 from swarm.udp import protocol as p
+from swarm.udp.api import reserve_ports
 from tests.conftest import make_artifact
 
 SECRET = b"integration-fleet-secret-0123456789"
@@ -117,6 +118,55 @@ def test_loopback_fetch_is_exact_and_rerequests_a_bad_piece(artifact: FilePieces
             assert server.sessions_total == 1
 
     asyncio.run(main())
+
+
+def test_a_session_opened_before_the_server_runs_waits_for_it(artifact: FilePieces) -> None:
+    """A daemon binds its UDP ports at its start and serves on them a second later
+    (``UDP_SERVE_DELAY``): a client that connects meanwhile waits in the listen queue and
+    is served once the server adopts the sockets, not refused."""
+
+    async def main() -> None:
+        reserved = reserve_ports("127.0.0.1", 0)
+        server = serve(artifact)
+        server.port = reserved[0].getsockname()[1]
+        sink = Sink(artifact)
+        wanted = list(range(artifact.piece_count))
+        early = asyncio.create_task(
+            fetch_from(
+                server,
+                wanted,
+                sink,
+                piece_size=PIECE,
+                piece_count=artifact.piece_count,
+                rate_bps=2_000_000_000,
+                timeout=30,
+            )
+        )
+        await asyncio.sleep(0.5)
+        assert not early.done()  # connected, waiting for a server
+        await server.start(reserved)
+        try:
+            stats = await early
+        finally:
+            await server.close()
+        assert sorted(stats.kept) == wanted
+        assert all(sink.kept[i] == artifact.read(i) for i in wanted)
+        assert server.sessions_total == 1
+
+    asyncio.run(main())
+
+
+def test_reserved_ports_are_one_number_for_tcp_and_udp_and_busy_is_an_error() -> None:
+    listener, data = reserve_ports("127.0.0.1", 0)
+    try:
+        port = listener.getsockname()[1]
+        assert data.getsockname() == ("127.0.0.1", port)
+        assert data.type == socket.SOCK_DGRAM
+        with pytest.raises(OSError):
+            reserve_ports("127.0.0.1", port)
+    finally:
+        listener.close()
+        data.close()
 
 
 def test_a_session_opened_before_its_pieces_are_dealt(artifact: FilePieces) -> None:
