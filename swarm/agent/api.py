@@ -153,6 +153,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _artifact(self, daemon: Daemon, info_hash: str, wait_text: str) -> None:
         found = self.server.on_loop(lambda: daemon.lookup(info_hash))
         if not found:
+            dropped = daemon.dropped.get(info_hash)
+            if dropped is not None:  # the fetch following it says why
+                raise type(dropped)(str(dropped))
             raise NotFoundError("swarm: this daemon holds no such artifact")
         try:
             wait = min(MAX_WAIT, max(0.0, float(wait_text)))

@@ -52,7 +52,7 @@ from swarm.agent.supervisor import SourceTask
 from swarm.agent.udpauto import auto_udp
 from swarm.agent.udpsource import read_udp
 from swarm.config import Settings, coordinator_urls
-from swarm.errors import NoSpaceError, SwarmError, UsageError
+from swarm.errors import DestBusyError, NoSpaceError, SwarmError, UsageError
 from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
@@ -85,6 +85,9 @@ MAX_REFUSED = 4096
 DAEMON_S3_ATTEMPTS = 3
 """The S3 client's own tries per call in the daemon: its retries are silent (eight of them
 with backoff hid a minute of 503s), the supervisor's show on the progress line."""
+
+DROPPED_KEPT = 64
+"""Reasons for dropped artifacts the daemon remembers (:attr:`Daemon.dropped`)."""
 
 STOP_BUDGET = 8.0
 """Seconds a stopping daemon gives libtorrent to save resume data (systemd's default
@@ -133,6 +136,10 @@ class Daemon:
         self.node_id = node_id(self.home)
         self.session = TorrentSession(listen_ip, port, self.home / "resume", upload_limit)
         self.artifacts: dict[str, Artifact] = {}
+        self.dropped: dict[str, SwarmError] = {}
+        """Why the daemon stopped seeding an artifact (:meth:`_drop`), by info-hash, as
+        the error a ``swarm fetch`` still following it reports; the last
+        :data:`DROPPED_KEPT`."""
         self._lock = threading.Lock()
         self.wake_reporter: Callable[[], object] = lambda: None
         self.on_link: Callable[[float], object] = lambda bytes_per_s: None
@@ -251,14 +258,20 @@ class Daemon:
             self.artifacts[manifest.info_hash] = artifact
             return artifact
 
-    def _drop(self, artifact: Artifact, why: str) -> None:
+    def _drop(self, artifact: Artifact, why: str, error: type[SwarmError] = SwarmError) -> None:
         """Stop seeding an artifact whose data is gone or changed (it is fetched anew by
-        the next request for it)."""
+        the next request for it); ``error``: what a fetch following it then fails with."""
         log.warning("stopped seeding %s: %s", artifact.manifest.name, why)
         artifact.gone = why
         artifact.cancel.set()
         with self._lock:
             self.artifacts.pop(artifact.info_hash, None)
+            self.dropped[artifact.info_hash] = error(
+                f"swarm: the daemon stopped serving {artifact.manifest.name} before this "
+                f"fetch returned: {why}; rerun it"
+            )
+            while len(self.dropped) > DROPPED_KEPT:
+                del self.dropped[next(iter(self.dropped))]
         self.session.remove(artifact.info_hash)
         registry.forget_record(self.home, artifact.info_hash)
         if artifact.lock is not None:
@@ -429,9 +442,17 @@ class Daemon:
     def watch_one(self, artifact: Artifact) -> None:
         identity = registry.file_identity(artifact.final_path)
         if identity is None:
-            self._drop(artifact, f"{artifact.final_path} was deleted")
+            self._drop(
+                artifact,
+                f"{artifact.final_path} was deleted (by another swarm fetch?)",
+                DestBusyError,
+            )
         elif identity != artifact.identity:
-            self._drop(artifact, f"{artifact.final_path} was replaced by another file")
+            self._drop(
+                artifact,
+                f"{artifact.final_path} was replaced by another file (by another swarm fetch?)",
+                DestBusyError,
+            )
         elif artifact.sink.state.error:
             self._drop(artifact, f"libtorrent cannot read it: {artifact.sink.state.error}")
 

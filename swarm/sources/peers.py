@@ -498,10 +498,15 @@ class TorrentSession:
     # -- the alert loop -------------------------------------------------------------------
 
     def _state_of(self, handle: Any) -> TorrentState | None:
+        """The state of the torrent an alert is about; None if it is gone, or if the alert
+        is about an earlier handle of the same info-hash (a verified file is handed to a
+        new handle in seed mode, :meth:`swarm.agent.completion.Completion._adopt`): an
+        error that the old one's last disk job raised is not the new one's."""
         try:
-            return self.torrents.get(str(handle.info_hashes().v1))
+            state = self.torrents.get(str(handle.info_hashes().v1))
         except RuntimeError:  # the handle is gone
             return None
+        return state if state is not None and state.handle == handle else None
 
     def _alert_loop(self) -> None:
         last_update = 0.0

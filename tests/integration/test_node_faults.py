@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from swarm.agent.client import DaemonClient
+from swarm.errors import SwarmError
 from tests.conftest import SIZE
 from tests.servers import FaultProxy, Faults, wait_until
 from tests.swarmnet import Swarm, done_event, running
@@ -106,11 +108,18 @@ def test_one_copy_on_disk_fetch_and_seed_from_a_tmpfs_of_1_3x(fleet, artifact, t
 def test_deleted_dest_is_no_longer_seeded(fleet, artifact, tmp_path):
     node = fleet.node(0)
     dest = tmp_path / "seeded.db"
-    done_event(node.fetch("index.db", dest), 120)
+    done = done_event(node.fetch("index.db", dest), 120)
     dest.unlink()
     wait_until(lambda: node.artifacts() == [], 15, "the daemon to stop seeding a deleted DEST")
     log = (node.home / "daemon.log").read_text()
     assert "stopped seeding index.db" in log and "was deleted" in log
+    # A fetch still following it (its status path) is told why, with DEST busy's code.
+    with pytest.raises(SwarmError) as dropped:
+        DaemonClient(node.home).call("GET", f"/v1/artifacts/{done['info_hash']}")
+    assert dropped.value.exit_code == 8
+    assert f"stopped serving index.db before this fetch returned: {dest} was deleted" in str(
+        dropped.value
+    )
     # The node fetches it again on request.
     done_event(node.fetch("index.db", dest), 120)
     assert sha256(dest) == sha256(artifact)
