@@ -275,13 +275,21 @@ def test_publish_checks_the_catalog_before_uploading(env, bucket, tmp_path):
     assert code == 3  # nothing was uploaded first
 
 
+@contextlib.contextmanager
+def taken_port(ip: str) -> Iterator[int]:
+    """A TCP port on ``ip`` that something else listens on, for as long as the block runs."""
+    taken = socket.socket()
+    taken.bind((ip, 0))
+    taken.listen()
+    try:
+        yield taken.getsockname()[1]
+    finally:
+        taken.close()
+
+
 def test_busy_port_is_an_error_not_a_silent_move(env, tmp_path):
     home = tmp_path / "home"
-    taken = socket.socket()
-    taken.bind(("127.0.0.77", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    try:
+    with taken_port("127.0.0.77") as port:
         result = swarm_cli(
             "daemon",
             "--listen",
@@ -292,8 +300,6 @@ def test_busy_port_is_an_error_not_a_silent_move(env, tmp_path):
             "0",
             env={**env, "SWARM_HOME": str(home)},
         )
-    finally:
-        taken.close()
     assert result.returncode == 2, result.stderr
     assert f"cannot listen on 127.0.0.77:{port}" in result.stderr
 
@@ -302,21 +308,16 @@ def test_busy_udp_port_is_an_error_before_the_daemon_serves(env, tmp_path):
     """The UDP server starts a second after the daemon listens, but its port is the
     daemon's from the start: a busy one is refused then, exit code 2, with what to do."""
     home = tmp_path / "home"
-    taken = socket.socket()
-    taken.bind(("127.0.0.78", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    try:
+    secret = "misuse-fleet-secret-0123456789"
+    with taken_port("127.0.0.78") as port:
         result = swarm_cli(
             "daemon",
             "--listen",
             "127.0.0.78",
             "--udp-port",
             str(port),
-            env={**env, "SWARM_HOME": str(home), "SWARM_SECRET": "misuse-fleet-secret-0123456789"},
+            env={**env, "SWARM_HOME": str(home), "SWARM_SECRET": secret},
         )
-    finally:
-        taken.close()
     assert result.returncode == 2, result.stderr
     assert f"cannot serve UDP on 127.0.0.78:{port}" in result.stderr
     assert "--udp-port 0" in result.stderr
