@@ -256,6 +256,7 @@ class Daemon:
                 identity=identity,  # a restored verified file's, as load_record compared it
             )
             self.artifacts[manifest.info_hash] = artifact
+            self.dropped.pop(manifest.info_hash, None)  # held again: no longer why it went
             return artifact
 
     def _drop(self, artifact: Artifact, why: str, error: type[SwarmError] = SwarmError) -> None:

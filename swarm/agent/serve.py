@@ -13,13 +13,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from swarm.agent import memory
 from swarm.agent.api import ApiServer
 from swarm.agent.client import READY_FD_ENV, sock_path
 from swarm.agent.daemon import Daemon
-from swarm.agent.held import HeldArtifacts
+from swarm.agent.held import UDP_SERVE_DELAY, DeferredUdpServer, HeldArtifacts
 from swarm.agent.reporter import report_loop
 from swarm.agent.uplink import UplinkPacer
 from swarm.config import Settings
@@ -27,9 +27,6 @@ from swarm.errors import SwarmError, UsageError
 from swarm.udp.api import DEFAULT_RATE_CAP_BPS, reserve_ports
 from swarm.udp.rate import MIN_RATE_BPS
 from swarm.udp.wire import DEFAULT_PORT as UDP_PORT
-
-if TYPE_CHECKING:
-    from swarm.udp.server import UdpServer
 
 log = logging.getLogger(__name__)
 
@@ -39,28 +36,6 @@ within a few ms of the session's start: at 0.05 a start waited 25 ms on average 
 
 WATCH_INTERVAL = 2.0
 """Seconds between checks that every seeded file is still the one verified."""
-
-UDP_LINK_SHARE = 0.93
-"""The UDP server's send budget is this share of the node's link as the coordinator
-measured it (:func:`swarm.coordinator.rates.link_capacity`). That figure is payload over
-report intervals, and overstates a shaped link: far-region's seeders showed 210-217
-Mbit/s for their 200 Mbit/s uplinks, and a datagram carries 42 bytes of IP, UDP and
-Ethernet headers (3% of its 1,470) beside what the pacer counts. Budgeted at the whole
-of it, the sessions kept the seeder's uplink queue full: their round trips ran at
-0.22-0.31 s against 0.10 s (NAK rounds and session tails twice as long); at 0.88,
-0.14-0.20 s, and sixteen alternating pairs ran 8.18 s mean (median 8.09, faster in ten)
-against 8.30 (8.20). 0.93 since a node's S3 reads keep as few GETs in flight as fill its
-link (:mod:`swarm.sources.s3width`): eight flows had overshot the shaped link, two do
-not (the seeders' figures 192-209 Mbit/s, their budgets at 0.88 169-184 against 186-203
-before; six alternating pairs ran 8.36 s mean against 7.82); twelve pairs at 0.93 ran
-8.07 s against 8.00."""
-
-UDP_SERVE_DELAY = 1.0
-"""Seconds after a fresh daemon serves before its UDP server starts (its ports are bound
-from the start, :func:`swarm.udp.api.reserve_ports`): loading the server is a third of
-the daemon's imports, ~45 ms, and a new node has nothing to serve in its first second,
-while its first S3 GET waits for the CPU (six nodes starting at once on two cores, the
-s3-fast fleet)."""
 
 
 def hold_lock(home: Path) -> int:
@@ -208,37 +183,16 @@ async def serve(
     if peers_from_asg:
         daemon.asg_groups.add(peers_from_asg)
         start_asg(peers_from_asg)
-    udp_server: UdpServer | None = None
+    udp: DeferredUdpServer | None = None
+    udp_task: asyncio.Task[None] | None = None
     if udp_key is not None and reserved is not None:
-
-        async def serve_udp(
-            key: bytes, sockets: tuple[socket.socket, socket.socket], delay: float
-        ) -> None:
-            nonlocal udp_server
-            await asyncio.sleep(delay)
-            from swarm.udp.server import UdpServer  # see UDP_SERVE_DELAY
-
-            server = UdpServer(
-                key, HeldArtifacts(daemon), host=listen_ip, port=udp_port, rate_cap_bps=udp_budget
-            )
-            try:
-                await server.start(sockets)
-            except Exception:
-                log.exception("udp: cannot serve held pieces; peers fetch them over TCP")
-                daemon.udp_port = 0
-                return
-            udp_server = server
-            if not upload_limit:  # the operator's budget stands; else the measured link's
-
-                def budget(bytes_per_s: float) -> None:
-                    server.set_rate_cap(bytes_per_s * 8 * UDP_LINK_SHARE)
-
-                daemon.on_link = budget
-            log.info("serving held pieces over UDP on %s:%d", listen_ip, udp_port)
-
+        udp = DeferredUdpServer(
+            udp_key, HeldArtifacts(daemon), reserved, listen_ip, udp_port, udp_budget
+        )
+        if not upload_limit:  # the operator's budget stands; else the measured link's
+            daemon.on_link = udp.follow_link
         # a daemon that holds artifacts already (a seeder's restart) serves them at once
-        delay = 0.0 if daemon.artifacts else UDP_SERVE_DELAY
-        tasks.append(asyncio.create_task(serve_udp(udp_key, reserved, delay)))
+        udp_task = asyncio.create_task(udp.run(0.0 if daemon.artifacts else UDP_SERVE_DELAY))
     if on_ready:
         tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
@@ -251,11 +205,11 @@ async def serve(
             task.cancel()
         if pacer is not None:
             pacer.stop()
-        if udp_server:
-            await udp_server.close()
-        elif reserved is not None:  # stopped before it served: the reserved sockets
-            for reserved_socket in reserved:
-                reserved_socket.close()
+        if udp_task is not None:
+            udp_task.cancel()
+            await asyncio.gather(udp_task, return_exceptions=True)
+        if udp is not None:
+            await udp.close()
         # A stop does not wait for API requests still in flight (a fetch request blocked
         # on an S3 endpoint that never answers): their threads are daemon threads.
         await loop.run_in_executor(None, api.stop)

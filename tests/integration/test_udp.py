@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from swarm.agent.held import UDP_LINK_SHARE, DeferredUdpServer
 from swarm.udp import (
     FetchStats,
     FilePieces,
@@ -154,6 +155,51 @@ def test_a_session_opened_before_the_server_runs_waits_for_it(artifact: FilePiec
         assert server.sessions_total == 1
 
     asyncio.run(main())
+
+
+def test_the_daemons_deferred_server_takes_a_link_measured_before_it_ran(
+    artifact: FilePieces,
+) -> None:
+    async def main() -> None:
+        udp = DeferredUdpServer(
+            SECRET,
+            StaticProvider({INFO_HASH: artifact}),
+            reserve_ports("127.0.0.1", 0),
+            "127.0.0.1",
+            0,
+            2_000_000_000,
+        )
+        udp.follow_link(10e6)  # the coordinator's first reply came first
+        await udp.run(0.0)
+        try:
+            assert udp.server is not None
+            assert udp.server.rate_cap_bps == int(10e6 * 8 * UDP_LINK_SHARE)
+        finally:
+            await udp.close()
+
+    asyncio.run(main())
+
+
+def test_the_daemons_deferred_server_that_cannot_start_closes_its_ports(
+    artifact: FilePieces, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Peers are then refused at once, not left waiting in the listen queue."""
+
+    async def main() -> None:
+        listener, data = reserve_ports("127.0.0.1", 0)
+        port = listener.getsockname()[1]
+        data.close()  # the server cannot adopt it
+        udp = DeferredUdpServer(
+            SECRET, StaticProvider({INFO_HASH: artifact}), (listener, data), "127.0.0.1", 0,
+            2_000_000_000,
+        )  # fmt: skip
+        await udp.run(0.0)
+        assert udp.server is None
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+    asyncio.run(main())
+    assert "cannot serve held pieces" in caplog.text
 
 
 def test_reserved_ports_are_one_number_for_tcp_and_udp_and_busy_is_an_error() -> None:
