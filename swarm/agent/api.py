@@ -155,7 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not found:
             dropped = daemon.dropped.get(info_hash)
             if dropped is not None:  # the fetch following it says why
-                raise type(dropped)(str(dropped))
+                error, message = dropped
+                raise error(message)
             raise NotFoundError("swarm: this daemon holds no such artifact")
         try:
             wait = min(MAX_WAIT, max(0.0, float(wait_text)))

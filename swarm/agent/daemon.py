@@ -136,9 +136,9 @@ class Daemon:
         self.node_id = node_id(self.home)
         self.session = TorrentSession(listen_ip, port, self.home / "resume", upload_limit)
         self.artifacts: dict[str, Artifact] = {}
-        self.dropped: dict[str, SwarmError] = {}
-        """Why the daemon stopped seeding an artifact (:meth:`_drop`), by info-hash, as
-        the error a ``swarm fetch`` still following it reports; the last
+        self.dropped: dict[str, tuple[type[SwarmError], str]] = {}
+        """Why the daemon stopped seeding an artifact (:meth:`_drop`), by info-hash: the
+        error (class, message) a ``swarm fetch`` still following it reports; the last
         :data:`DROPPED_KEPT`."""
         self._lock = threading.Lock()
         self.wake_reporter: Callable[[], object] = lambda: None
@@ -267,9 +267,10 @@ class Daemon:
         artifact.cancel.set()
         with self._lock:
             self.artifacts.pop(artifact.info_hash, None)
-            self.dropped[artifact.info_hash] = error(
+            self.dropped[artifact.info_hash] = (
+                error,
                 f"swarm: the daemon stopped serving {artifact.manifest.name} before this "
-                f"fetch returned: {why}; rerun it"
+                f"fetch returned: {why}; rerun it",
             )
             while len(self.dropped) > DROPPED_KEPT:
                 del self.dropped[next(iter(self.dropped))]

@@ -126,7 +126,6 @@ class DeferredUdpServer:
 
     async def run(self, delay: float) -> None:
         await asyncio.sleep(delay)
-        server = None
         try:
             from swarm.udp.server import UdpServer  # loads here: see UDP_SERVE_DELAY
 
@@ -134,13 +133,9 @@ class DeferredUdpServer:
                 self.key, self.provider, host=self.host, port=self.port,
                 rate_cap_bps=self.rate_cap_bps,
             )  # fmt: skip
-            await server.start(self.sockets)
-        except BaseException as error:
-            if server is not None:
-                await server.close()
+            await server.start(self.sockets)  # which closes them if it cannot start
+        except Exception:
             self._close_sockets()
-            if not isinstance(error, Exception):
-                raise  # cancelled: the daemon stops
             log.exception("udp: cannot serve held pieces; peers fetch them over TCP")
             return
         self.server = server

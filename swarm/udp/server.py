@@ -28,7 +28,7 @@ from collections import deque
 
 from swarm.netconnect import handshake_rtt
 from swarm.udp import protocol as p
-from swarm.udp.api import DEFAULT_RATE_CAP_BPS
+from swarm.udp.api import DEFAULT_RATE_CAP_BPS, reserve_ports
 from swarm.udp.datapath import (
     GSO_MAX_BYTES,
     RECV_BUDGET,
@@ -333,19 +333,19 @@ class UdpServer:
         return self._data is not None and self._data.gso
 
     async def start(self, reserved: tuple[socket.socket, socket.socket] | None = None) -> None:
-        """Serve on ``host:port``, or on the sockets :func:`swarm.udp.api.reserve_ports`
-        bound (this server owns them from here)."""
+        """Serve on the sockets :func:`swarm.udp.api.reserve_ports` bound, ``reserved``
+        earlier or here on ``host:port``; this server owns them from here (and closes them
+        if it cannot start)."""
         loop = asyncio.get_running_loop()
-        if reserved is None:
-            self._tcp = await asyncio.start_server(self._on_connection, self.host, self.port)
-        else:
-            self._tcp = await asyncio.start_server(self._on_connection, sock=reserved[0])
-        self.port = self._tcp.sockets[0].getsockname()[1]
-        family = self._tcp.sockets[0].family
-        sock = socket.socket(family, socket.SOCK_DGRAM) if reserved is None else reserved[1]
+        listener, sock = reserved if reserved is not None else reserve_ports(self.host, self.port)
         try:
-            if reserved is None:
-                sock.bind((self.host, self.port))
+            self._tcp = await asyncio.start_server(self._on_connection, sock=listener)
+        except BaseException:
+            listener.close()
+            sock.close()
+            raise
+        self.port = listener.getsockname()[1]
+        try:
             # Only PROBEs arrive here: no GRO needed.
             self._data = DataSocket(sock, gso=self.gso, gro=False)
             loop.add_reader(sock.fileno(), self._on_readable)
