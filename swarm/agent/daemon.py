@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import math
 import os
@@ -44,6 +45,7 @@ from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
+from swarm.agent.linkcount import SentUploads, interface_for, sent_bytes
 from swarm.agent.origin import PLAN_TTL, read_origin
 from swarm.agent.registry import Artifact
 from swarm.agent.status import describe
@@ -135,6 +137,10 @@ class Daemon:
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         self.node_id = node_id(self.home)
         self.session = TorrentSession(listen_ip, port, self.home / "resume", upload_limit)
+        interface = interface_for(listen_ip)
+        self._sent_uploads = (
+            None if interface is None else SentUploads(functools.partial(sent_bytes, interface))
+        )
         self.artifacts: dict[str, Artifact] = {}
         self.dropped: dict[str, tuple[type[SwarmError], str]] = {}
         """Why the daemon stopped seeding an artifact (:meth:`_drop`), by info-hash: the
@@ -559,6 +565,9 @@ class Daemon:
             artifact = self.artifacts.get(info_hash)
             plan = OriginPlan.from_json(body)
             if artifact is not None and plan is not None:
+                if artifact.plan is None or artifact.plan.mode != plan.mode:
+                    log.info("%s: the coordinator's plan is now %s",
+                             artifact.manifest.name, plan.mode)  # fmt: skip
                 artifact.plan, artifact.plan_at = plan, now
                 if plan.holders:
                     started_beside = not artifact.seeders and artifact.fetching
@@ -589,10 +598,17 @@ class Daemon:
         )
 
     def snapshot(self) -> dict[str, Any]:
+        """This node's report to its coordinator (one per report: the upload totals are
+        held to what the link has sent since the last, :class:`SentUploads`)."""
+        described = [describe(a) for a in list(self.artifacts.values())]
+        if self._sent_uploads is not None:
+            totals = self._sent_uploads.totals({d.info_hash: d.uploaded for d in described})
+            for status in described:
+                status.uploaded = totals[status.info_hash]
         return {
             "node": self.node_id,
             "addr": f"{self.listen_ip}:{self.session.listen_port}",
-            "artifacts": [describe(a).to_json() for a in list(self.artifacts.values())],
+            "artifacts": [d.to_json() for d in described],
         }
 
     def close(self) -> None:

@@ -218,6 +218,12 @@ async def report_loop(daemon: Daemon, wake: asyncio.Event) -> None:
                 log.debug("report to %s failed: %s", url, error)
                 current = (current + 1) % len(urls)  # the next coordinator, soon
                 wait = min(interval, FAILOVER_WAIT) if len(urls) > 1 else interval
+            except Exception:  # a bug in handling a reply: log it, go on reporting
+                # (the loop's task ending would have dropped the node from its fleet
+                # without a word until the daemon stopped)
+                log.exception("report to %s: unexpected error; next report in %.1f s",
+                              url, interval)  # fmt: skip
+                wait = interval
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), wait)
     finally:

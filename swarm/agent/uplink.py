@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from swarm.agent.linkcount import SYS_NET, link_interface, route_interface
+from swarm.agent.linkcount import SYS_NET, interface_for
 
 log = logging.getLogger(__name__)
 
@@ -316,12 +316,8 @@ class UplinkPacer:
     ) -> UplinkPacer | None:
         """A pacer for the interface holding ``listen_ip`` (for 0.0.0.0, the default
         route's); None where there is none to measure (loopback, no ``/sys``)."""
-        interface = link_interface(listen_ip)
-        if interface is None and listen_ip in ("0.0.0.0", ""):
-            interface = route_interface()  # every address: the default route's link
-        if interface is None or not (SYS_NET / interface / "statistics").is_dir():
-            return None
-        return cls(interface, peers, fetching, fleet_down)
+        interface = interface_for(listen_ip)
+        return None if interface is None else cls(interface, peers, fetching, fleet_down)
 
     def start(self) -> None:
         self._thread.start()

@@ -192,3 +192,44 @@ def test_the_first_report_takes_the_connection_opened_as_the_daemon_started() ->
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_reply_the_daemon_fails_on_is_logged_and_reporting_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An error taking a reply (a bug in a plan's handling) must not end the loop's task:
+    the node would leave its fleet without a word until the daemon stopped."""
+    arrived: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            arrived.append(time.monotonic())
+            _reply(self, {"interval": 0.2, "plans": {}})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Failing(_Daemon):
+        def take_plans(self, plans: dict[str, Any], interval: float) -> None:
+            raise AttributeError("'str' object has no attribute 'value'")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    daemon = Failing(f"http://127.0.0.1:{server.server_address[1]}")
+
+    async def run() -> None:
+        task = asyncio.create_task(report_loop(daemon, asyncio.Event()))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5
+        while len(arrived) < 3 and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.05)
+        assert not task.done()
+        task.cancel()
+
+    try:
+        asyncio.run(run())
+        assert len(arrived) >= 3
+        assert "unexpected error" in caplog.text and "has no attribute" in caplog.text
+    finally:
+        server.shutdown()
+        server.server_close()
