@@ -41,6 +41,7 @@ import libtorrent as lt
 
 from swarm import catalog
 from swarm.agent import registry, seedershare, treefs
+from swarm.agent.catchup import CatchUp
 from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
@@ -437,6 +438,21 @@ class Daemon:
         for artifact in list(self.artifacts.values()):
             if artifact.verified.is_set():
                 self.watch_one(artifact)
+            elif artifact.fetching:
+                self._catch_up(artifact)
+
+    def _catch_up(self, artifact: Artifact) -> None:
+        """Hold the fetch's uploads back while it trails its peers (:mod:`.catchup`)."""
+        state = artifact.sink.state
+        status = state.status
+        if status is None or artifact.plan is None:  # (only in a fleet with a coordinator)
+            return
+        if artifact.catch_up is None:
+            artifact.catch_up = CatchUp(artifact.manifest.name)
+        with contextlib.suppress(RuntimeError):  # the handle went meanwhile
+            artifact.catch_up.step(
+                state.handle, len(state.held) / state.count, status.upload_payload_rate
+            )
 
     def lookup(self, info_hash: str) -> Artifact | None:
         """An artifact held, checked on the spot: a verified file deleted or replaced a

@@ -29,6 +29,7 @@ from swarm.manifest import Manifest
 from swarm.messages import SOURCES, OriginPlan
 
 if TYPE_CHECKING:
+    from swarm.agent.catchup import CatchUp
     from swarm.agent.destlock import DestLock
     from swarm.agent.direct import DirectSink
     from swarm.agent.finisher import Finisher
@@ -131,6 +132,8 @@ class Artifact:
     gone: str | None = None
     was_verified: bool = False
     """Restored from a record that says its whole file matched before the restart."""
+    catch_up: CatchUp | None = None
+    """Holds the torrent's uploads back while the fetch trails the fleet (:mod:`.catchup`)."""
     s3_busy: BusyClock = field(default_factory=BusyClock)
     """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
     s3_streamed: ByteCount = field(default_factory=ByteCount)

@@ -1,0 +1,79 @@
+"""A node behind its fleet holds its uploads back (swarm.agent.catchup): the rule, and its
+limit on a real libtorrent torrent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import libtorrent as lt
+
+from swarm.agent.catchup import BEHIND, CAUGHT_UP, MIN_LIMIT, UPLOAD_SHARE, CatchUp, lag
+from swarm.manifest import Manifest
+
+
+@dataclass
+class Peer:
+    """What the rule reads of libtorrent's ``peer_info``."""
+
+    progress: float
+
+
+class Torrent:
+    """A real torrent handle whose peers the test names (a lone session has none)."""
+
+    def __init__(self, handle: lt.torrent_handle) -> None:
+        self.handle = handle
+        self.peers: list[Peer] = []
+
+    def get_peer_info(self) -> list[Peer]:
+        return self.peers
+
+    def set_upload_limit(self, limit: int) -> None:
+        self.handle.set_upload_limit(limit)
+
+    def upload_limit(self) -> int:
+        return int(self.handle.upload_limit())
+
+
+def torrent(tmp_path: Path) -> Torrent:
+    data = tmp_path / "a.bin"
+    data.write_bytes(b"x" * (64 << 10))
+    manifest = Manifest.from_file(
+        data, name="a.bin", piece_size=16 << 10, bucket="b", key="k", web_seed=None
+    )
+    session = lt.session({"listen_interfaces": "127.0.0.1:0", "enable_dht": False})
+    params = lt.add_torrent_params()
+    params.ti = lt.torrent_info(manifest.torrent)
+    params.save_path = str(tmp_path / "empty")
+    found = Torrent(session.add_torrent(params))
+    found.session = session  # type: ignore[attr-defined]  # kept alive with the handle
+    return found
+
+
+def test_lag_is_against_the_fetching_peers_median() -> None:
+    assert lag(0.2, [Peer(0.5), Peer(0.4), Peer(1.0), Peer(0.3)]) == 0.2
+    assert lag(0.2, [Peer(1.0)]) is None  # only seeders: nothing to trail
+    assert lag(0.2, []) is None
+
+
+def test_a_node_behind_holds_its_uploads_until_it_has_caught_up(tmp_path: Path) -> None:
+    t = torrent(tmp_path)
+    rule = CatchUp("a.bin")
+    t.peers = [Peer(0.5), Peer(0.6), Peer(1.0)]  # the fetching peers' median: 0.55
+    rule.step(t, 0.55 - BEHIND / 2, 4e6)
+    assert rule.limit == 0 and t.upload_limit() <= 0
+    rule.step(t, 0.55 - BEHIND - 0.01, 4e6)
+    assert rule.limit == int(UPLOAD_SHARE * 4e6) == t.upload_limit()
+    rule.step(t, 0.55 - CAUGHT_UP - 0.01, 1e6)  # closer, not caught up: the limit stands
+    assert t.upload_limit() == int(UPLOAD_SHARE * 4e6)
+    rule.step(t, 0.55 - CAUGHT_UP + 0.01, 1e6)
+    assert rule.limit == 0 and t.upload_limit() <= 0
+
+
+def test_no_limit_on_an_upload_too_slow_to_queue_anything(tmp_path: Path) -> None:
+    t = torrent(tmp_path)
+    rule = CatchUp("a.bin")
+    t.peers = [Peer(0.9)]
+    rule.step(t, 0.1, 1.9 * MIN_LIMIT)
+    assert rule.limit == 0 and t.upload_limit() <= 0
