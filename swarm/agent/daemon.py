@@ -438,6 +438,9 @@ class Daemon:
         for artifact in list(self.artifacts.values()):
             if artifact.verified.is_set():
                 self.watch_one(artifact)
+                if artifact.catch_up is not None and artifact.catch_up.limit:
+                    with contextlib.suppress(RuntimeError):  # a seeder uploads freely
+                        artifact.catch_up.lift(artifact.sink.state.handle)
             elif artifact.fetching:
                 self._catch_up(artifact)
 
