@@ -46,7 +46,7 @@ from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.linkcount import SentUploads, interface_for, sent_bytes
+from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
 from swarm.agent.origin import PLAN_TTL, read_origin
 from swarm.agent.registry import Artifact
 from swarm.agent.status import describe
@@ -138,9 +138,12 @@ class Daemon:
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         self.node_id = node_id(self.home)
         self.session = TorrentSession(listen_ip, port, self.home / "resume", upload_limit)
-        interface = interface_for(listen_ip)
+        self.link_interface = interface_for(listen_ip)
+        """The interface whose counters measure this node's link (None: loopback)."""
         self._sent_uploads = (
-            None if interface is None else SentUploads(functools.partial(sent_bytes, interface))
+            None
+            if self.link_interface is None
+            else SentUploads(functools.partial(interface_counter, self.link_interface, "tx_bytes"))
         )
         self.artifacts: dict[str, Artifact] = {}
         self.dropped: dict[str, tuple[type[SwarmError], str]] = {}

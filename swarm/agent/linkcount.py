@@ -83,10 +83,11 @@ def interface_for(listen_ip: str) -> str | None:
     return interface
 
 
-def sent_bytes(interface: str) -> int | None:
-    """The interface's ``tx_bytes`` (a running total), None if it cannot be read."""
+def interface_counter(interface: str, name: str) -> int | None:
+    """One of the interface's byte counters (``tx_bytes``, ``rx_bytes``: running
+    totals), None if it cannot be read."""
     try:
-        return int((SYS_NET / interface / "statistics" / "tx_bytes").read_text())
+        return int((SYS_NET / interface / "statistics" / name).read_text())
     except (OSError, ValueError):
         return None
 
@@ -106,9 +107,11 @@ class SentUploads:
     def __init__(self, read_sent: Callable[[], int | None]) -> None:
         self._read_sent = read_sent
         self._last_sent: int | None = None
-        self._counted: dict[str, tuple[int, int]] = {}
-        """Per artifact: (libtorrent's total when last seen, the total reported)."""
-        self._owed: dict[str, int] = {}
+        self._counted: dict[str, tuple[int, int, int]] = {}
+        """Per artifact: libtorrent's total when last seen, the total reported, and the
+        bytes libtorrent counted that the link has not carried yet. (Not derived from
+        the first two: a handle replaced by the seed-mode hand-over starts its total at
+        zero, and the reported total goes on from where it was.)"""
 
     def totals(self, uploaded: dict[str, int]) -> dict[str, int]:
         """Each artifact's upload total as the link has carried it (``uploaded``:
@@ -121,13 +124,12 @@ class SentUploads:
         self._last_sent = sent
         result = {}
         for key, total in uploaded.items():
-            seen, reported = self._counted.get(key, (total, total))
-            owed = self._owed.get(key, 0) + max(0, total - seen)
+            seen, reported, owed = self._counted.get(key, (total, total, 0))
+            owed += max(0, total - seen)
             paid = min(owed, budget)
             budget -= paid
-            reported += paid
-            self._counted[key], self._owed[key] = (total, reported), owed - paid
-            result[key] = reported
+            self._counted[key] = (total, reported + paid, owed - paid)
+            result[key] = reported + paid
         for key in set(self._counted) - set(uploaded):  # artifacts gone
-            del self._counted[key], self._owed[key]
+            del self._counted[key]
         return result

@@ -169,10 +169,12 @@ async def serve(
     wake = asyncio.Event()
     daemon.wake_reporter = lambda: loop.call_soon_threadsafe(wake.set)
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(watch_loop(daemon))]
-    pacer = UplinkPacer.for_address(
-        listen_ip, daemon.session.peer_endpoints, daemon.fetching, daemon.fleet_down
-    )
-    if pacer is not None:
+    pacer = None
+    if daemon.link_interface is not None:  # (the daemon found it: UplinkPacer.for_address)
+        pacer = UplinkPacer(
+            daemon.link_interface, daemon.session.peer_endpoints, daemon.fetching,
+            daemon.fleet_down,
+        )  # fmt: skip
         pacer.start()
     if settings.coordinator:
         tasks.append(asyncio.create_task(report_loop(daemon, wake)))

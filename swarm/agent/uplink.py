@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from swarm.agent.linkcount import SYS_NET, interface_for
+from swarm.agent.linkcount import interface_counter, interface_for
 
 log = logging.getLogger(__name__)
 
@@ -197,16 +197,11 @@ class LinkRates:
         self.sent = self.received = self.uploaded = 0.0
         self.sent_peak = self.received_peak = 0.0
 
-    def _counter(self, name: str) -> int | None:
-        try:
-            return int((SYS_NET / self.interface / "statistics" / name).read_text())
-        except (OSError, ValueError):
-            return None
-
     def sample(self, uploads: int) -> bool:
         """Read the counters (``uploads``: what the upload connections have had
         acknowledged, a running total); False if the interface cannot be read."""
-        tx, rx = self._counter("tx_bytes"), self._counter("rx_bytes")
+        tx = interface_counter(self.interface, "tx_bytes")
+        rx = interface_counter(self.interface, "rx_bytes")
         if tx is None or rx is None:
             return False
         self.add(self._clock(), tx, rx, uploads)

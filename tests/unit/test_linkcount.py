@@ -4,7 +4,7 @@ link sent."""
 
 from __future__ import annotations
 
-from swarm.agent.linkcount import SentUploads, interface_for, sent_bytes
+from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
 
 
 class Interface:
@@ -54,4 +54,18 @@ def test_without_a_readable_interface_libtorrents_totals_stand() -> None:
 
 def test_loopback_has_no_interface_to_count() -> None:
     assert interface_for("127.0.0.1") is None
-    assert sent_bytes("no-such-interface-0") is None
+    assert interface_counter("no-such-interface-0", "tx_bytes") is None
+
+
+def test_a_total_that_starts_again_from_zero_goes_on_from_where_it_was() -> None:
+    """The seed-mode hand-over replaces the torrent's handle, whose upload total starts
+    at zero: the reported total must not fall back with it."""
+    link = Interface()
+    uploads = SentUploads(link)
+    uploads.totals({"a": 0})
+    link.sent = 5_000
+    assert uploads.totals({"a": 4_000}) == {"a": 4_000}
+    link.sent = 6_000
+    assert uploads.totals({"a": 0}) == {"a": 4_000}
+    link.sent = 9_000
+    assert uploads.totals({"a": 2_000}) == {"a": 6_000}
