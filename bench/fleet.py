@@ -99,16 +99,19 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         f"{plan.finish:.2f} s",
         "",
         f"{'system':<11} {'all-done s':>10} {'median s':>9} {'x T*':>6} {'x swarm':>8} "
-        f"{'origin B/F':>10} {'CPU-s/node/GiB':>14} {'cpu avg':>8} {'cpu sat':>8}",
+        f"{'origin B/F':>10} {'node B/F':>8} {'CPU-s/node/GiB':>14} {'cpu avg':>8} "
+        f"{'cpu sat':>8}",
     ]
     for row in rows:
         vs = f"{row['vs_swarm']:.2f}" if row["vs_swarm"] is not None else "-"
         node_cpu = row["cpu_s_per_node_gib"]
         cpu = f"{node_cpu:.2f}" if node_cpu is not None else "-"
+        received = row["node_received_per_F"]
+        node_bf = f"{received:.3f}" if received is not None else "-"
         lines.append(
             f"{row['system']:<11} {row['all_done_s']:>10.2f} {row['median_s']:>9.2f} "
-            f"{row['vs_bound']:>6.2f} {vs:>8} {row['origin_bytes_per_F']:>10.2f} {cpu:>14} "
-            f"{row['cpu_busy_avg']:>8.0%} {row['cpu_saturated']:>8.0%}"
+            f"{row['vs_bound']:>6.2f} {vs:>8} {row['origin_bytes_per_F']:>10.2f} {node_bf:>8} "
+            f"{cpu:>14} {row['cpu_busy_avg']:>8.0%} {row['cpu_saturated']:>8.0%}"
         )
     for r in results:
         per_node = " ".join(f"{n.seconds:.1f}" for n in sorted(r.nodes, key=lambda n: n.node))
@@ -129,6 +132,8 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         # the header and the failing job's own reason (its log tails are in the run's log)
         lines.append(f"{system:<11} FAILED: {' '.join(why.splitlines()[:2])}")
     lines.append(
+        "node B/F: what a node's downlink carried until all were done (every protocol, "
+        "headers included), in F, the mean over nodes; "
         "CPU-s/node/GiB: a node's CPU seconds (every process in its namespace, until all "
         "were done) per GiB; cpu avg: mean machine CPU use during the run (2 cores); "
         "cpu sat: share of 1-s samples >= 95% busy"

@@ -236,6 +236,7 @@ class Fleet:
                 self.tracer = self.origin.popen(
                     [sys.executable, "-c", TRACE_FLEET, self.coordinator.url + "/v1/fleet",
                      str(trace), self.coordinator.token or ""], env=self.env)  # fmt: skip
+            received_before = {host.name: host.rx_bytes() for host in self.node_hosts}
             started = time.monotonic()
             origin_before = self.origin.tx_bytes()
             slows_after = config.origin_slows_after()
@@ -264,6 +265,9 @@ class Fleet:
                     )
                 wait_jobs(jobs, config.timeout(), name)
             all_done = max(j.seconds for j in jobs)
+            received = {
+                host.name: host.rx_bytes() - received_before[host.name] for host in self.node_hosts
+            }
             origin_tx = self.origin.tx_bytes() - origin_before
             cpu_by_node = {
                 job.name: self._node_cpu(job, host)
@@ -287,7 +291,7 @@ class Fleet:
             by_source = (job.done_event or {}).get("bytes_by_source")
             nodes.append(
                 NodeResult(job.name, round(job.seconds, 3), ok, by_source,
-                           round(cpu_by_node[job.name], 3))
+                           round(cpu_by_node[job.name], 3), received[job.name])
             )  # fmt: skip
         bad = [n.node for n in nodes if not n.sha256_ok]
         if bad:

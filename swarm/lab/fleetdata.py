@@ -166,6 +166,10 @@ class NodeResult:
     bytes_by_source: dict[str, int] | None = None
     cpu_s: float | None = None
     """CPU seconds of every process on the node (client, daemon) until all were done."""
+    received: int | None = None
+    """Bytes the node's downlink carried until all were done: every protocol, headers
+    included (the bridge port's counter), so a system's overhead shows beside the object's
+    size: its peers' and S3's bytes, pieces brought twice, the ACKs of its own uploads."""
 
 
 @dataclass
@@ -190,6 +194,12 @@ class SystemResult:
         cpu = [n.cpu_s for n in self.nodes if n.cpu_s is not None]
         return statistics.fmean(cpu) / (self.size / 2**30) if cpu else None
 
+    @property
+    def received_per_node_f(self) -> float | None:
+        """What a node's downlink carried on average, in F, or None if not measured."""
+        received = [n.received for n in self.nodes if n.received is not None]
+        return statistics.fmean(received) / self.size if received else None
+
     def row(self, swarm_all_done: float | None) -> dict[str, Any]:
         return {
             "system": self.system,
@@ -198,6 +208,9 @@ class SystemResult:
             "vs_bound": round(self.all_done / self.bound, 2),
             "vs_swarm": round(self.all_done / swarm_all_done, 2) if swarm_all_done else None,
             "origin_bytes_per_F": round(self.origin_tx_bytes / self.size, 2),
+            "node_received_per_F": (
+                round(self.received_per_node_f, 3) if self.received_per_node_f is not None else None
+            ),
             "cpu_busy_avg": round(self.cpu_busy_avg, 2),
             "cpu_saturated": round(self.cpu_saturated_fraction, 2),
             "cpu_s_per_node_gib": (

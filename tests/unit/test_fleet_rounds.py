@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from swarm.lab.fleetdata import SystemResult, fastest_baseline, summarize_rounds, target_baseline
+from swarm.lab.fleetdata import (
+    NodeResult,
+    SystemResult,
+    fastest_baseline,
+    summarize_rounds,
+    target_baseline,
+)
 
 
 def result(system: str, all_done: float, bound: float = 20.0) -> SystemResult:
@@ -39,3 +45,16 @@ def test_the_fastest_baseline_and_the_targets_margin() -> None:
     assert best is not None and best.system == "s5cmd"
     assert fastest_baseline([result("swarm", 24.0)]) is None
     assert (target_baseline(1.0), target_baseline(0.25)) == (1.05, 1.0)
+
+
+def test_a_nodes_received_bytes_are_reported_in_f_where_measured() -> None:
+    size = 1 << 27
+    nodes = [
+        NodeResult("node0", 10.0, True, received=int(1.02 * size)),
+        NodeResult("node1", 11.0, True, received=int(1.04 * size)),
+        NodeResult("node2", 12.0, True),  # not measured: left out of the mean
+    ]
+    measured = SystemResult("swarm", 12.0, nodes, 0, 10.0, size, 0.5, 0.0)
+    assert measured.row(12.0)["node_received_per_F"] == 1.03
+    unmeasured = SystemResult("swarm", 12.0, nodes[2:], 0, 10.0, size, 0.5, 0.0)
+    assert unmeasured.row(12.0)["node_received_per_F"] is None
