@@ -311,6 +311,13 @@ def test_an_origin_that_fed_every_link_at_once_is_all() -> None:
     # link in the first second; the origin feeds five of the eight links, not all
     most = plan(8, 50, [44] * 8, together=250)
     assert most is not None and most.mode is not Mode.ALL
+    # s3-fast at a quarter, the stripes read while peers shared the downlinks: each
+    # reader's peak 0.56-0.95 of its link (median 0.76), together 78% of all six links
+    shared = plan(6, 60, [33.4, 42.8, 44.9, 53.8, 57.1, 47.0], together=280)
+    assert shared is not None and shared.mode is Mode.ALL
+    # ...which a slow origin's readers never sum to, whatever their shares of it
+    slow = plan(6, 60, [33.4, 42.8, 44.9, 53.8, 57.1, 47.0], together=200)
+    assert slow is not None and slow.mode is not Mode.ALL
 
 
 def test_a_share_of_a_slow_origin_is_not_a_link_filled() -> None:
