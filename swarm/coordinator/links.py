@@ -158,7 +158,7 @@ def fleet_link(links: list[Link]) -> float:
 
 def fed_every_link(links: list[Link], down: float, link: float, together: float) -> bool:
     """S3 has filled the fetching nodes' links, at once: for most nodes the most it gave
-    over one interval is at least :data:`LINK_SHARE` of the node's download peak (which
+    over one interval is at least :data:`FILLED_SHARE` of the node's download peak (which
     peers have had their warm-up to raise) and at least :data:`FLEET_LINK_SHARE` of the
     fleet's ``link`` (:func:`fleet_link`: a node that has received only S3's share shows
     that share as its peak), and the nodes' rates at once summed to
