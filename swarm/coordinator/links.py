@@ -35,7 +35,7 @@ FILLED_SHARE: Final = 0.7
 one interval is at least this share of the node's download peak. Below
 :data:`LINK_SHARE`: the stripes are read while peers share the downlinks, and in one
 s3-fast run at a quarter of its rates in five or so the nodes' S3 peaks came to 0.57-0.98
-of their download peaks (median 0.76; 0.85-0.95 in the others) while their S3 rates
+of their download peaks (median 0.76; 0.87 in a traced run that went ALL) while their S3 rates
 summed to 78% of all their links at once; at 0.8 the fleet was planned on stripes and a
 37% direct share for the whole run (origin 2.5 F where ALL reads 4.5-5.3, 20.7 s against
 19.3-19.9), and the peaks never rose again (S3 shared the downlinks with peers from then

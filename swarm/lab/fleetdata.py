@@ -201,6 +201,8 @@ class SystemResult:
         return statistics.fmean(received) / self.size if received else None
 
     def row(self, swarm_all_done: float | None) -> dict[str, Any]:
+        received = self.received_per_node_f
+        cpu = self.cpu_per_node_gib
         return {
             "system": self.system,
             "all_done_s": round(self.all_done, 2),
@@ -208,14 +210,10 @@ class SystemResult:
             "vs_bound": round(self.all_done / self.bound, 2),
             "vs_swarm": round(self.all_done / swarm_all_done, 2) if swarm_all_done else None,
             "origin_bytes_per_F": round(self.origin_tx_bytes / self.size, 2),
-            "node_received_per_F": (
-                round(self.received_per_node_f, 3) if self.received_per_node_f is not None else None
-            ),
+            "node_received_per_F": round(received, 3) if received is not None else None,
             "cpu_busy_avg": round(self.cpu_busy_avg, 2),
             "cpu_saturated": round(self.cpu_saturated_fraction, 2),
-            "cpu_s_per_node_gib": (
-                round(self.cpu_per_node_gib, 2) if self.cpu_per_node_gib is not None else None
-            ),
+            "cpu_s_per_node_gib": round(cpu, 2) if cpu is not None else None,
         }
 
 
