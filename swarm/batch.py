@@ -74,6 +74,7 @@ def planned_batch(
     offset: int,
     direct_budget: int = 0,
     wide_limit: int | None = None,
+    leave_in_flight: bool = False,
 ) -> Batch:
     """The batch a coordinator's plan asks for.
 
@@ -87,6 +88,18 @@ def planned_batch(
     again: a batch of everything missing (or of a whole direct share, planned from the
     first seconds' rates) ran to its end whatever the coordinator said meanwhile.
     WIDE's extra pieces count as direct (read for this node alone).
+
+    ``leave_in_flight``: the direct share takes no piece libtorrent has asked peers for
+    (``in_flight``), where it otherwise takes them last. S3 bringing such a piece first
+    makes the blocks peers have already sent of it redundant (whatever is queued at the
+    peer's end and on the way when libtorrent cancels the rest): swarm-bound at full
+    rates counted 9-28 MB a node of them (libtorrent's ``waste_piece_unknown``), its
+    direct batches late in the fetch being pieces libtorrent had asked peers for. The
+    plan asks for it where the nodes' downlinks are the fleet's bound
+    (``OriginPlan.link_bound``); where uploads are (the mixed fleet: 100 Mbit up, 300
+    down) the spare downlink pays for those bytes and S3 ends pieces slow peers hold:
+    leaving them to peers there cost mixed at a quarter of its rates 1.4-2.1 s (two
+    alternating pairs).
     """
     if plan.mode == Mode.ALL:
         return all_missing(missing)
@@ -96,6 +109,8 @@ def planned_batch(
             taken = set(stripe)
             order = wide_pieces(missing, availability, in_flight, direct_budget + len(taken))
             per_batch = direct_budget if wide_limit is None else min(direct_budget, wide_limit)
+            if leave_in_flight:
+                taken |= in_flight
             extra = [p for p in order if p not in taken][:per_batch]
             if extra:
                 return Batch(BatchKind.STRIPE, stripe + extra, direct=len(extra))

@@ -202,6 +202,9 @@ class OriginPlan:
     fleet_down: float = 0.0
     """What the fleet's fetching nodes can receive (the median of their download peaks,
     bytes/s; 0: not known): the node's uplink pacer judges its link's asymmetry by it."""
+    link_bound: bool = False
+    """The fleet's bound is its nodes' downlinks: a direct share leaves the pieces asked
+    of peers to them (:func:`swarm.batch.planned_batch`'s ``leave_in_flight``)."""
     holders: tuple[str, ...] = ()
     """Addresses of nodes that hold the whole artifact, in a node's first plans (before
     it holds a piece): its UDP source may start from them before libtorrent connects."""
@@ -232,6 +235,7 @@ class OriginPlan:
             s3_estimate=float(estimate) if isinstance(estimate, int | float) else None,
             direct=min(1.0, max(0.0, float(direct))) if isinstance(direct, int | float) else 0.0,
             fleet_down=max(0.0, float(fleet_down)) if isinstance(fleet_down, int | float) else 0.0,
+            link_bound=body.get("link_bound") is True,
             holders=tuple(h for h in holders if isinstance(h, str) and _is_ip(h)),
             peers=tuple(a for a in map(_peer_addr, peers) if a is not None),
         )

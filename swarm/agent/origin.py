@@ -387,6 +387,7 @@ def read_origin(
                     local.offset,
                     direct_budget=budget,
                     wide_limit=batch_pieces,
+                    leave_in_flight=plan.link_bound,
                 )
             else:
                 pieces = local.choose(

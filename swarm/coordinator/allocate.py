@@ -83,6 +83,9 @@ class Allocation:
     over the nodes by upload; from S3 or seeders) and relayed."""
     finish: float
     """Predicted seconds until the last node is done (``F / r``)."""
+    link_bound: bool = False
+    """The bound is the slowest node's downlink (``F / d``): every byte a node receives
+    twice delays the fleet's end; elsewhere the downlinks have room to spare."""
 
 
 def bound(snap: Snapshot) -> float:
@@ -102,11 +105,12 @@ def allocate(snap: Snapshot) -> Allocation:
     if snap.nodes <= 0 or snap.size <= 0:
         return Allocation(Mode.STRIPE, 0.0, 0.0, 0.0, 0.0)
     finish = bound(snap)
+    link_bound = finish > 0 and snap.size / snap.down >= finish
     rate = snap.size / finish if finish > 0 else math.inf
     n = snap.nodes
     servers = snap.origin + snap.seeders
     if math.isinf(snap.origin):
-        return Allocation(Mode.ALL, rate, 1.0, 0.0, finish)
+        return Allocation(Mode.ALL, rate, 1.0, 0.0, finish, link_bound)
     # new content must reach the fleet at ``rate``: as little of it relayed as the
     # servers' capacity allows (each relayed byte costs them one send, a direct one N)
     relay = rate if n == 1 else max(0.0, (n * rate - servers) / (n - 1))
@@ -118,8 +122,9 @@ def allocate(snap: Snapshot) -> Allocation:
     s3_direct = min(direct_rate, max(0.0, snap.origin - s3_relay) / n)
     direct = s3_direct / rate if rate > 0 else 0.0
     if direct >= ALL_DIRECT:
-        return Allocation(Mode.ALL, rate, 1.0, 0.0, finish)
+        return Allocation(Mode.ALL, rate, 1.0, 0.0, finish, link_bound)
     if direct < MIN_DIRECT:
         direct = 0.0
     mode = Mode.MIX if direct > 0 else Mode.STRIPE
-    return Allocation(mode, rate, direct, relay / rate if rate > 0 else 0.0, finish)
+    relayed = relay / rate if rate > 0 else 0.0
+    return Allocation(mode, rate, direct, relayed, finish, link_bound)

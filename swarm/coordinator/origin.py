@@ -130,6 +130,8 @@ class OriginPlan:
     fleet_down: float = 0.0
     """The median of the fetching nodes' download peaks, bytes/s
     (:meth:`CapacityBook.fleet_down`)."""
+    link_bound: bool = False
+    """The allocation's bound is the nodes' downlinks (:attr:`Allocation.link_bound`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -139,6 +141,7 @@ class OriginPlan:
             "fill": self.fill,
             "direct": self.direct,
             "fleet_down": round(self.fleet_down),
+            "link_bound": self.link_bound,
         }
 
 
@@ -332,7 +335,7 @@ class StripePlanner:
             )
         )
         fill = may_fill(peers, estimate) and done.spread
-        mode, direct = state.mode, 0.0
+        mode, direct, link_bound = state.mode, 0.0, False
         if eager and node in s3 and not done.stripe and mode is Mode.STRIPE:
             # its stripe ended with this report (it read the origin until now): it widens
             # now, as it would at its next report, a second later
@@ -357,6 +360,7 @@ class StripePlanner:
             # Every piece has left the origin (or is on its way): from here what S3
             # still gives is the allocation's direct share.
             allocation = self.capacity.allocation(info_hash, estimate, readers, now)
+            link_bound = allocation is not None and allocation.link_bound
             if allocation is not None and allocation.mode is AllocationMode.ALL:
                 mode = Mode.ALL
             elif allocation is not None and mode is Mode.STRIPE:
@@ -372,7 +376,7 @@ class StripePlanner:
             ):
                 fill = True
         fleet_down = self.capacity.fleet_down(info_hash, now)
-        return OriginPlan(done.stripe, mode, estimate, fill, rates, direct, fleet_down)
+        return OriginPlan(done.stripe, mode, estimate, fill, rates, direct, fleet_down, link_bound)
 
     def _origin_idles(
         self,

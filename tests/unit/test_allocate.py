@@ -91,6 +91,16 @@ def test_modes_per_shape() -> None:
     assert slow.mode is Mode.MIX and slow.direct > mixed.direct
 
 
+def test_which_shapes_are_bound_by_their_downlinks() -> None:
+    """swarm-bound's nodes take what their downlinks carry (T* = F/d): a byte received
+    twice costs the fleet's end, and its plans say so; mixed's and slow-uploads' are
+    bound by uploads (their downlinks have room), origin-bound's by the origin."""
+    assert allocate(snap("swarm-bound")).link_bound
+    assert allocate(snap("s3-fast")).link_bound
+    for shape in ("mixed", "slow-uploads", "origin-bound"):
+        assert not allocate(snap(shape)).link_bound, shape
+
+
 def test_unlimited_s3_reads_everything_from_s3() -> None:
     s = Snapshot(F, 100, 250 * MBIT, 250 * MBIT, math.inf)
     plan = allocate(s)

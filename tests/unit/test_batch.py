@@ -55,3 +55,23 @@ def test_which_planned_batches_are_kept_from_peers() -> None:
     assert not kept_from_peers(Batch(BatchKind.STRIPE, [4, 5]), planned=True)
     assert not kept_from_peers(Batch(BatchKind.WIDE, [4, 5, 8], direct=1), planned=True)
     assert not kept_from_peers(Batch(BatchKind.ALL, [1, 2]), planned=False)
+
+
+def test_a_link_bound_direct_share_leaves_pieces_asked_of_peers_to_them() -> None:
+    """Where the downlinks are the fleet's bound, the direct share takes no piece
+    libtorrent has asked peers for (S3 bringing it first makes the blocks they sent
+    redundant); else it takes those last, as WIDE does (a slow peer must not hold the
+    tail). The plan carries the flag."""
+    plan = OriginPlan(stripe=(4, 5), mode="stripe")
+    asked = {8, 3, 2}
+    busy = planned_batch(
+        plan, MISSING, set(), AVAILABILITY, asked, 0, direct_budget=3, leave_in_flight=True
+    )
+    assert busy.pieces == [4, 5, 9, 7, 6] and busy.direct == 3
+    idle = planned_batch(plan, MISSING, set(), AVAILABILITY, asked, 0, direct_budget=9)
+    assert idle.pieces[-3:] == [8, 3, 2] and idle.direct == 8
+    flagged = OriginPlan.from_json({"mode": "stripe", "link_bound": True})
+    assert flagged is not None and flagged.link_bound
+    for value in (None, 1, "yes"):
+        unflagged = OriginPlan.from_json({"mode": "stripe", "link_bound": value})
+        assert unflagged is not None and not unflagged.link_bound
