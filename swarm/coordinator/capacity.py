@@ -381,6 +381,7 @@ class CapacityBook:
             origin_peak=art.origin_peak,
             together=art.together,
             measured_afresh=art.measured_afresh,
+            fine_rates=_warmup(art) == PEERS_WARMUP_FAST,
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [

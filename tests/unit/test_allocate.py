@@ -20,6 +20,7 @@ from swarm.coordinator.capacity import (
     WARMUP_PIECES,
     CapacityBook,
 )
+from swarm.coordinator.links import Link, snapshot
 from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
@@ -328,6 +329,36 @@ def test_an_origin_that_fed_every_link_at_once_is_all() -> None:
     # ...which a slow origin's readers never sum to, whatever their shares of it
     slow = plan(6, 60, [33.4, 42.8, 44.9, 53.8, 57.1, 47.0], together=200)
     assert slow is not None and slow.mode is not Mode.ALL
+
+
+def test_on_the_fast_warm_up_the_origin_must_feed_the_fleets_links() -> None:
+    """swarm-bound at full rates (1000 Mbit for eight nodes of 200), one second of peer
+    traffic in: the nodes' peaks had not reached their links (median 20.4 MB/s of 25),
+    and the readers' 124.5 MB/s at once was 0.76 of eight of those peaks; ALL then had
+    every node read everything from the saturated origin. Of eight fleet links (22.9
+    MB/s, the most any node moved) it is 0.68. s3-fast at full rates, its six readers
+    at 0.93 of six fleet links, stays ALL."""
+    rows = [  # (down, up, peers, S3 peak) as the coordinator's debug log gave them
+        (21191611, 9607717, 4455971, 11237251),
+        (22410211, 8466192, 2102796, 19901798),
+        (21834562, 9878110, 4806152, 12836432),
+        (22939245, 9038856, 4578291, 16100975),
+        (19644429, 14596301, 2041206, 14488097),
+        (18105774, 3460647, 776978, 17154618),
+        (18525734, 11530884, 1919686, 15709004),
+        (19173961, 9540512, 1104199, 19173961),
+    ]
+    links = [Link(down, up, peers, s3=s3) for down, up, peers, s3 in rows]
+
+    def origin(links: list[Link], together: float, fine_rates: bool) -> float:
+        snap = snapshot(F, links, [], 4e6, 8, together=together, fine_rates=fine_rates)
+        assert snap is not None
+        return snap.origin
+
+    assert not math.isinf(origin(links, 124486617, fine_rates=True))
+    assert math.isinf(origin(links, 124486617, fine_rates=False))  # as it went
+    s3_fast = [Link(28.3e6, 28.7e6, 0.5e6, s3=27e6) for _ in range(6)]
+    assert math.isinf(origin(s3_fast, 160.7e6, fine_rates=True))
 
 
 def test_a_share_of_a_slow_origin_is_not_a_link_filled() -> None:
