@@ -89,8 +89,8 @@ def planned_batch(
     first seconds' rates) ran to its end whatever the coordinator said meanwhile.
     WIDE's extra pieces count as direct (read for this node alone).
 
-    ``leave_in_flight``: the direct share takes no piece libtorrent has asked peers for
-    (``in_flight``), where it otherwise takes them last. S3 bringing such a piece first
+    ``leave_in_flight``: the direct share and a fill take no piece libtorrent has asked
+    peers for (``in_flight``), where they otherwise take them last. S3 bringing such a piece first
     makes the blocks peers have already sent of it redundant (whatever is queued at the
     peer's end and on the way when libtorrent cancels the rest): swarm-bound at full
     rates counted 9-28 MB a node of them (libtorrent's ``waste_piece_unknown``), its
@@ -115,6 +115,8 @@ def planned_batch(
             if extra:
                 return Batch(BatchKind.STRIPE, stripe + extra, direct=len(extra))
         if not stripe and plan.fill:
+            if leave_in_flight:
+                missing = [p for p in missing if p not in in_flight]
             return Batch(
                 BatchKind.FILL,
                 fill_pieces(missing, availability, in_flight, offset, FILL_PIECES),

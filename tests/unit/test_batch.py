@@ -70,6 +70,15 @@ def test_a_link_bound_direct_share_leaves_pieces_asked_of_peers_to_them() -> Non
     assert busy.pieces == [4, 5, 9, 7, 6] and busy.direct == 3
     idle = planned_batch(plan, MISSING, set(), AVAILABILITY, asked, 0, direct_budget=9)
     assert idle.pieces[-3:] == [8, 3, 2] and idle.direct == 8
+    # a fill too: the rarest piece peers hold that they have not been asked for, or,
+    # where all of them have been, one of those (not under the flag)
+    fill = OriginPlan(mode="stripe", fill=True)
+    asked_all = {2, 3, 8}
+    assert planned_batch(fill, MISSING, set(), AVAILABILITY, asked_all, 0).pieces == [2]
+    kept = planned_batch(fill, MISSING, set(), AVAILABILITY, {2}, 0, leave_in_flight=True)
+    assert kept.kind is BatchKind.FILL and kept.pieces == [3]
+    none = planned_batch(fill, MISSING, set(), AVAILABILITY, asked_all, 0, leave_in_flight=True)
+    assert none.pieces == []
     flagged = OriginPlan.from_json({"mode": "stripe", "link_bound": True})
     assert flagged is not None and flagged.link_bound
     for value in (None, 1, "yes"):
