@@ -90,16 +90,16 @@ def planned_batch(
     WIDE's extra pieces count as direct (read for this node alone).
 
     ``leave_in_flight``: the direct share and a fill take no piece libtorrent has asked
-    peers for (``in_flight``), where they otherwise take them last. S3 bringing such a piece first
-    makes the blocks peers have already sent of it redundant (whatever is queued at the
-    peer's end and on the way when libtorrent cancels the rest): swarm-bound at full
-    rates counted 9-28 MB a node of them (libtorrent's ``waste_piece_unknown``), its
-    direct batches late in the fetch being pieces libtorrent had asked peers for. The
-    plan asks for it where the nodes' downlinks are the fleet's bound
-    (``OriginPlan.link_bound``); where uploads are (the mixed fleet: 100 Mbit up, 300
-    down) the spare downlink pays for those bytes and S3 ends pieces slow peers hold:
-    leaving them to peers there cost mixed at a quarter of its rates 1.4-2.1 s (two
-    alternating pairs).
+    peers for (``in_flight``), where they otherwise take them last. S3 bringing such a
+    piece first makes the blocks peers have already sent of it redundant (whatever is
+    queued at the peer's end and on the way when libtorrent cancels the rest):
+    swarm-bound at full rates counted 9-28 MB a node of them (libtorrent's
+    ``waste_piece_unknown``), its direct batches late in the fetch being pieces
+    libtorrent had asked peers for. The plan asks for it where the nodes' downlinks are
+    the fleet's bound (``OriginPlan.link_bound``); where uploads are (the mixed fleet:
+    100 Mbit up, 300 down) the spare downlink pays for those bytes and S3 ends pieces
+    slow peers hold: leaving them to peers there cost mixed at a quarter of its rates
+    1.4-2.1 s (two alternating pairs).
     """
     if plan.mode == Mode.ALL:
         return all_missing(missing)

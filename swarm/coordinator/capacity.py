@@ -381,7 +381,7 @@ class CapacityBook:
             origin_peak=art.origin_peak,
             together=art.together,
             measured_afresh=art.measured_afresh,
-            fine_rates=_warmup(art) == PEERS_WARMUP_FAST,
+            fine_rates=_fast_warmup(art),
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [
@@ -513,9 +513,15 @@ class CapacityBook:
 
 def _warmup(art: _Artifact) -> float:
     """Seconds of peer traffic the artifact's rates need (:data:`PEERS_WARMUP_FAST`)."""
+    return PEERS_WARMUP_FAST if _fast_warmup(art) else PEERS_WARMUP
+
+
+def _fast_warmup(art: _Artifact) -> bool:
+    """The median fetching node's download peak is :data:`WARMUP_PIECES` pieces or more
+    per :data:`PEERS_WARMUP_FAST`: its rates count many pieces an interval."""
     downs = [link.down for link in art.links.values()]
     fast = WARMUP_PIECES * art.piece_size / PEERS_WARMUP_FAST
-    return PEERS_WARMUP_FAST if downs and statistics.median(downs) >= fast else PEERS_WARMUP
+    return bool(downs) and statistics.median(downs) >= fast
 
 
 def _withdraw(art: _Artifact, node: str, recent: float) -> None:
