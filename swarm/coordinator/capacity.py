@@ -370,6 +370,8 @@ class CapacityBook:
                 _measure_afresh(art, now)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
+        fast = _fast_warmup(art)
+        warmup = PEERS_WARMUP_FAST if fast else PEERS_WARMUP
         snap = snapshot(
             art.size,
             art.links.values(),
@@ -377,11 +379,11 @@ class CapacityBook:
             s3_per_reader,
             readers,
             self.origin_rate,
-            swarm_shown=art.peers_since is not None and now - art.peers_since >= _warmup(art),
+            swarm_shown=art.peers_since is not None and now - art.peers_since >= warmup,
             origin_peak=art.origin_peak,
             together=art.together,
             measured_afresh=art.measured_afresh,
-            fine_rates=_fast_warmup(art),
+            fine_rates=fast,
         )
         if log.isEnabledFor(logging.DEBUG):
             shown = [
@@ -511,14 +513,10 @@ class CapacityBook:
             del self._artifacts[info_hash]
 
 
-def _warmup(art: _Artifact) -> float:
-    """Seconds of peer traffic the artifact's rates need (:data:`PEERS_WARMUP_FAST`)."""
-    return PEERS_WARMUP_FAST if _fast_warmup(art) else PEERS_WARMUP
-
-
 def _fast_warmup(art: _Artifact) -> bool:
-    """The median fetching node's download peak is :data:`WARMUP_PIECES` pieces or more
-    per :data:`PEERS_WARMUP_FAST`: its rates count many pieces an interval."""
+    """The artifact's rates need only :data:`PEERS_WARMUP_FAST` of peer traffic: the
+    median fetching node's download peak is :data:`WARMUP_PIECES` pieces or more per
+    that, so its rates count many pieces an interval."""
     downs = [link.down for link in art.links.values()]
     fast = WARMUP_PIECES * art.piece_size / PEERS_WARMUP_FAST
     return bool(downs) and statistics.median(downs) >= fast
