@@ -35,8 +35,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
+
+import libtorrent as lt
 
 from swarm.agent.registry import Artifact
 from swarm.sources.peers import TorrentSession
@@ -51,7 +53,7 @@ rates from a peer)."""
 
 def left_to_owners(
     missing: Iterable[int],
-    new_nodes: dict[str, Sequence[bool]],
+    new_nodes: Mapping[str, Sequence[bool]],
     own_address: str,
 ) -> set[int]:
     """The pieces this node leaves to other new nodes: of ``missing``, those no new node
@@ -72,6 +74,24 @@ def left_to_owners(
     return others
 
 
+def new_nodes_among(
+    peers: Iterable[tuple[str, bool, Sequence[bool]]], seeders: set[str], own_address: str
+) -> dict[str, Sequence[bool]]:
+    """The connected new nodes' bitfields, by address, of ``peers`` (address, holds every
+    piece, bitfield). ``seeders`` (the plans' holders) gains every peer that holds every
+    piece: a first plan may name one seeder of two, and the other, counted as a new node
+    holding every piece, left no piece at the seeders only (existing seeders at a quarter
+    of the rates, a log line per second: 8 "new nodes" with 7 connected, nothing dealt
+    for the whole fetch)."""
+    peers = list(peers)
+    seeders.update(address for address, complete, _ in peers if complete)
+    return {
+        address: pieces
+        for address, _, pieces in peers
+        if address not in seeders and address != own_address
+    }
+
+
 def share_seeders(session: TorrentSession, artifact: Artifact, own_address: str) -> None:
     """Keep libtorrent to this node's share of the pieces only seeders hold, until the
     fetch ends (a thread of its own, started when a plan first names seeders)."""
@@ -88,11 +108,12 @@ def _share(session: TorrentSession, artifact: Artifact, own_address: str) -> Non
     seeders = set(artifact.seeders)
     kept = 0
     while artifact.fetching and not state.all_held():
-        new_nodes: dict[str, Sequence[bool]] = {}
-        for peer in state.handle.get_peer_info():
-            address = peer.ip[0]
-            if address not in seeders and address != own_address:
-                new_nodes[address] = peer.pieces
+        seeders.update(artifact.seeders)
+        peers = [
+            (peer.ip[0], bool(peer.flags & lt.peer_info.seed), peer.pieces)
+            for peer in state.handle.get_peer_info()
+        ]
+        new_nodes = new_nodes_among(peers, seeders, own_address)
         missing = artifact.sink.missing()
         left = left_to_owners(missing, new_nodes, own_address)
         session.leave_to_owners(artifact.info_hash, left)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.agent.seedershare import left_to_owners
+from swarm.agent.seedershare import left_to_owners, new_nodes_among
 
 PIECES = 12
 NONE = [False] * PIECES
@@ -45,3 +45,19 @@ def test_alone_or_behind_one_address_nothing_is_left() -> None:
 
 def test_a_peer_without_a_bitfield_yet_holds_nothing() -> None:
     assert left_to_owners(range(4), {"10.0.0.3": []}, "10.0.0.2") == {1, 3}
+
+
+def test_a_peer_holding_every_piece_is_a_seeder_though_no_plan_named_it() -> None:
+    seeders = {"10.0.0.9"}  # the first plan named one seeder of two
+    peers = [
+        ("10.0.0.9", True, [True] * PIECES),
+        ("10.0.0.8", True, [True] * PIECES),  # the other seeder
+        ("10.0.0.3", False, held(1)),
+        ("10.0.0.2", False, NONE),  # this node
+    ]
+    new_nodes = new_nodes_among(peers, seeders, "10.0.0.2")
+    assert new_nodes == {"10.0.0.3": held(1)}
+    assert seeders == {"10.0.0.9", "10.0.0.8"}
+    # So the pieces no new node holds are dealt (had 10.0.0.8 counted as a new node
+    # holding every piece, none would be at the seeders only, and nothing was left).
+    assert left_to_owners(range(PIECES), new_nodes, "10.0.0.2") == {3, 5, 7, 9, 11}
