@@ -48,6 +48,7 @@ from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
 from swarm.agent.origin import PLAN_TTL, read_origin
+from swarm.agent.pieceserver import pieces_port
 from swarm.agent.registry import Artifact
 from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
@@ -192,6 +193,14 @@ class Daemon:
         )
 
     # -- the registry -----------------------------------------------------------------------
+
+    def piece_access(self) -> seedershare.PieceAccess | None:
+        """The fleet's piece servers (:mod:`.pieceserver`), which listen beside the UDP
+        servers: None without them (no secret, no UDP, a UDP port of its own)."""
+        port = pieces_port(self.udp_port)
+        if not (port and self.udp_secret and self.token):
+            return None
+        return seedershare.PieceAccess(port, self.token)
 
     def restore(self, clean: bool = True) -> None:
         """Seed again everything held before a restart (resume data spares a re-download;
@@ -596,7 +605,9 @@ class Daemon:
                     artifact.seeders = plan.holders
                     if started_beside:
                         artifact.tune_while_fetching(self.session.tuned(AMONG_SEEDERS_SETTINGS))
-                        seedershare.start(self.session, artifact, self.listen_ip)
+                        seedershare.start(
+                            self.session, artifact, self.listen_ip, self.piece_access()
+                        )
                     artifact.seeders_named.set()
                 if plan.peers:
                     self.session.dial(info_hash, plan.peers)

@@ -35,11 +35,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from http.client import HTTPException
 from itertools import compress
 
 import libtorrent as lt
 
+from swarm.agent.pieceserver import PieceClient
 from swarm.agent.registry import Artifact
 from swarm.sources.peers import TorrentSession
 
@@ -50,28 +55,53 @@ SHARE_INTERVAL = 0.25
 others may ask for it at once (a piece takes ~0.2 s at a quarter of existing seeders'
 rates from a peer)."""
 
+STALLED_SECONDS = 2.0
+"""Once its own share is in, a node holds the seeders off for the other nodes' shares
+only while those keep coming in: this long without one, libtorrent may ask the seeders
+for them too."""
 
-def left_to_owners(
+
+@dataclass(frozen=True)
+class Share:
+    """This node's part of the pieces only the seeders hold (:func:`split`)."""
+
+    left: set[int]
+    """Pieces it leaves to the other new nodes whose share they are."""
+    own: set[int]
+    """Its own share of them (those it lacks)."""
+
+
+def split(
     missing: Iterable[int],
     new_nodes: Mapping[str, Sequence[bool]],
     own_address: str,
-) -> set[int]:
-    """The pieces this node leaves to other new nodes: of ``missing``, those no new node
-    holds (``new_nodes``: a connected new node's address -> its bitfield) and that are
-    another's share. Empty when its own share is all in and no new node holds anything
-    it lacks (it then takes everything it lacks from whoever has it)."""
+) -> Share:
+    """Of ``missing``, the pieces no new node holds (``new_nodes``: a connected new node's
+    address -> its bitfield), dealt by rank: piece ``i`` is this node's when ``i % count
+    == rank``. Both parts empty when it sees no other new node, or when its own share is
+    all in and no new node holds anything it lacks (it then takes everything it lacks
+    from whoever has it: an owner it does not see, or one gone, would leave it waiting)."""
     addresses = sorted({*new_nodes, own_address})
     count, rank = len(addresses), addresses.index(own_address)
     if count < 2:
-        return set()
+        return Share(set(), set())
     # one pass per bitfield, in C (the loop runs every SHARE_INTERVAL, on every piece)
     at_new_nodes = set().union(*(compress(range(len(b)), b) for b in new_nodes.values()))
     missing = list(missing)
     seeders_only = [i for i in missing if i not in at_new_nodes]
     others = {i for i in seeders_only if i % count != rank}
     if len(others) == len(seeders_only) == len(missing):  # own share in, nothing at nodes
-        return set()
-    return others
+        return Share(set(), set())
+    return Share(others, set(seeders_only) - others)
+
+
+def left_to_owners(
+    missing: Iterable[int],
+    new_nodes: Mapping[str, Sequence[bool]],
+    own_address: str,
+) -> set[int]:
+    """The pieces this node leaves to other new nodes (:func:`split`'s ``left``)."""
+    return split(missing, new_nodes, own_address).left
 
 
 def new_nodes_among(
@@ -92,21 +122,120 @@ def new_nodes_among(
     }
 
 
-def share_seeders(session: TorrentSession, artifact: Artifact, own_address: str) -> None:
-    """Keep libtorrent to this node's share of the pieces only seeders hold, until the
-    fetch ends (a thread of its own, started when a plan first names seeders)."""
+def to_pull(share: Share, nodes: int, own_address: str) -> list[int]:
+    """What this node pulls from the seeders, in order: its own share; once that is in,
+    the last of the others' (``left``: no more than one a node), each node in an order of
+    its own. A share comes in at what its owner's downlink leaves beside its peer
+    connections: at a quarter of existing seeders' rates most were in 11-12 s into the
+    fetch and one 17 s (its last eight pieces at ~1 a second, the seeders' uplinks idle
+    meanwhile), and every new node waited on it."""
+    if share.own:
+        return sorted(share.own)
+    if len(share.left) > nodes:
+        return []
+    return sorted(share.left, key=lambda i: zlib.crc32(f"{own_address} {i}".encode()))
+
+
+@dataclass(frozen=True)
+class PieceAccess:
+    """The fleet's piece servers (:mod:`swarm.agent.pieceserver`): their port (every
+    node's) and the fleet token."""
+
+    port: int
+    token: str
+
+
+class SharePuller:
+    """Pulls this node's share of the seeders-only pieces from the seeders' piece servers:
+    a thread per seeder, one GET at a time on one connection, each taking the next piece
+    of the share nobody took (a piece is taken once: handed to libtorrent, which checks
+    its SHA-1 and shares it, it is not held at once, and the share is looked at again
+    only every :data:`SHARE_INTERVAL`)."""
+
+    def __init__(self, artifact: Artifact, access: PieceAccess) -> None:
+        self.artifact = artifact
+        self.access = access
+        self.seeders: set[str] = set()
+        self.wanted: list[int] = []
+        self.taken: set[int] = set()
+        self.failed = False
+        """A seeder could not serve (no server, refused, gone): libtorrent takes over."""
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+
+    def add_seeders(self, seeders: Iterable[str]) -> None:
+        """Pull from these seeders too (a thread each)."""
+        for seeder in sorted(set(seeders) - self.seeders):
+            self.seeders.add(seeder)
+            threading.Thread(
+                target=self._run, args=(seeder,), daemon=True, name=f"seeder-pull-{seeder}"
+            ).start()
+
+    def want(self, pieces: Iterable[int]) -> None:
+        """Pull ``pieces`` from now on, in their order."""
+        with self._lock:
+            self.wanted = list(pieces)
+        self._changed.set()
+
+    def _take(self) -> int | None:
+        with self._lock:
+            for index in self.wanted:
+                if index not in self.taken and not self.artifact.sink.have(index):
+                    self.taken.add(index)
+                    return index
+        return None
+
+    def _run(self, seeder: str) -> None:
+        artifact = self.artifact
+        info_hash = artifact.manifest.info_hash
+        client = PieceClient(seeder, self.access.port, self.access.token)
+        try:
+            while artifact.fetching and not artifact.cancel.is_set() and not self.failed:
+                index = self._take()
+                if index is None:
+                    self._changed.clear()
+                    self._changed.wait(SHARE_INTERVAL)
+                    continue
+                data = client.get(info_hash, index)
+                if data is None or not artifact.sink.offer(index, data, "peers"):
+                    raise OSError(f"piece {index} not served")
+        except (OSError, HTTPException) as error:
+            log.warning("%s: seeder %s serves no pieces over TCP (%s): libtorrent takes "
+                        "the share", artifact.manifest.name, seeder, error)  # fmt: skip
+            self.failed = True
+        finally:
+            client.close()
+
+
+def share_seeders(
+    session: TorrentSession,
+    artifact: Artifact,
+    own_address: str,
+    access: PieceAccess | None = None,
+) -> None:
+    """Keep libtorrent to this node's share of the pieces only seeders hold and, with the
+    fleet's piece servers (``access``), pull that share from the seeders with libtorrent
+    held off them, until the fetch ends (a thread of its own, started when a plan first
+    names seeders)."""
     try:
-        _share(session, artifact, own_address)
+        _share(session, artifact, own_address, access)
     except (KeyError, RuntimeError):  # the torrent went meanwhile
         return
+    finally:
+        with contextlib.suppress(KeyError, RuntimeError):
+            session.hold_off(artifact.info_hash, ())
     with contextlib.suppress(KeyError, RuntimeError):
         session.leave_to_owners(artifact.info_hash, set())
 
 
-def _share(session: TorrentSession, artifact: Artifact, own_address: str) -> None:
+def _share(
+    session: TorrentSession, artifact: Artifact, own_address: str, access: PieceAccess | None
+) -> None:
     state = session.torrents[artifact.info_hash]
     seeders = set(artifact.seeders)
-    kept = 0
+    puller = SharePuller(artifact, access) if access is not None else None
+    kept, holding = 0, False
+    shrank_at, fewest = time.monotonic(), -1
     while artifact.fetching and not state.all_held():
         seeders.update(artifact.seeders)
         peers = [
@@ -115,8 +244,31 @@ def _share(session: TorrentSession, artifact: Artifact, own_address: str) -> Non
         ]
         new_nodes = new_nodes_among(peers, seeders, own_address)
         missing = artifact.sink.missing()
-        left = left_to_owners(missing, new_nodes, own_address)
+        share = split(missing, new_nodes, own_address)
+        left = share.left
         session.leave_to_owners(artifact.info_hash, left)
+        hold, pending = False, len(left) + len(share.own)
+        if puller is not None and not new_nodes:
+            hold = holding  # no view of the fleet for now (connections come and go)
+        elif puller is not None and not puller.failed:
+            puller.add_seeders(seeders)
+            puller.want(to_pull(share, len(new_nodes) + 1, own_address))
+            # The seeders' uplinks carry the new nodes' shares and nothing else while any
+            # piece is at them only. Not for ever: a piece whose owner does not see itself
+            # as one (views of who is connected differ) waits on nobody once this node's
+            # own share is in and the others' stop coming.
+            now = time.monotonic()
+            if fewest < 0 or pending < fewest:
+                shrank_at, fewest = now, pending
+            hold = bool(share.own) or (bool(left) and now - shrank_at < STALLED_SECONDS)
+        if hold != holding:
+            holding = hold
+            session.hold_off(artifact.info_hash, seeders if holding else ())
+            if not holding:  # the filter dropped them from libtorrent's peer list
+                port = session.listen_port
+                session.dial(artifact.info_hash, tuple((seeder, port) for seeder in seeders))
+            log.info("%s: seeders %s (%d pieces at them only)", artifact.manifest.name,
+                     "held off for the shares" if holding else "back", pending)  # fmt: skip
         if len(left) != kept:
             log.debug(
                 "%s: %d pieces left to %d other new nodes (%d missing)",
@@ -127,10 +279,15 @@ def _share(session: TorrentSession, artifact: Artifact, own_address: str) -> Non
             return
 
 
-def start(session: TorrentSession, artifact: Artifact, own_address: str) -> None:
+def start(
+    session: TorrentSession,
+    artifact: Artifact,
+    own_address: str,
+    access: PieceAccess | None = None,
+) -> None:
     threading.Thread(
         target=share_seeders,
-        args=(session, artifact, own_address),
+        args=(session, artifact, own_address, access),
         daemon=True,
         name=f"seeder-share-{artifact.manifest.name}",
     ).start()

@@ -20,6 +20,7 @@ from swarm.agent.api import ApiServer
 from swarm.agent.client import READY_FD_ENV, sock_path
 from swarm.agent.daemon import Daemon
 from swarm.agent.held import UDP_SERVE_DELAY, DeferredUdpServer, HeldArtifacts
+from swarm.agent.pieceserver import PieceServer, pieces_port, start_server
 from swarm.agent.reporter import report_loop
 from swarm.agent.uplink import UplinkPacer
 from swarm.config import Settings
@@ -199,6 +200,18 @@ async def serve(
             daemon.on_link = udp.follow_link
         # a daemon that holds artifacts already (a seeder's restart) serves them at once
         udp_task = asyncio.create_task(udp.run(0.0 if daemon.artifacts else UDP_SERVE_DELAY))
+    pieces: PieceServer | None = None
+    if udp_key is not None and daemon.token and pieces_port(udp_port):
+        token = daemon.token
+
+        async def serve_pieces(delay: float) -> None:  # as the UDP server: not at the start
+            nonlocal pieces
+            await asyncio.sleep(delay)
+            pieces = start_server(listen_ip, pieces_port(udp_port), token, daemon.artifacts.get)
+
+        tasks.append(
+            asyncio.create_task(serve_pieces(0.0 if daemon.artifacts else UDP_SERVE_DELAY))
+        )
     if on_ready:
         tasks.append(asyncio.create_task(on_ready(daemon)))  # type: ignore[arg-type]
     log.info("daemon %s listening on %s:%d", daemon.node_id, listen_ip, daemon.session.listen_port)
@@ -216,6 +229,8 @@ async def serve(
             await asyncio.gather(udp_task, return_exceptions=True)
         if udp is not None:
             await udp.close()
+        if pieces is not None:
+            await loop.run_in_executor(None, pieces.stop)
         # A stop does not wait for API requests still in flight (a fetch request blocked
         # on an S3 endpoint that never answers): their threads are daemon threads.
         await loop.run_in_executor(None, api.stop)

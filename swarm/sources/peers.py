@@ -162,6 +162,8 @@ class TorrentSession:
         filter (:meth:`admit_only`) refused: a node this one does not know as a member
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
+        self._admitted: list[str] | None = None  # admit_only's addresses (None: everyone)
+        self._held_off: dict[str, frozenset[str]] = {}  # hold_off's, by torrent
         self._lock = threading.Lock()
         self._priorities = threading.Lock()  # held_for_s3 and left_to_owners, and their use
         self._tunings: list[Mapping[str, int | bool]] = []  # held by tuned(), oldest first
@@ -442,11 +444,39 @@ class TorrentSession:
         """Let peer connections (both ways) only to and from ``addresses``: the fleet's
         authenticated members. Trackers are exempt (``apply_ip_filter_to_trackers`` off):
         the coordinator authenticates those requests itself."""
+        with self._lock:
+            self._admitted = list(addresses)
+            self._apply_filter()
+
+    def hold_off(self, info_hash: str, addresses: Iterable[str]) -> None:
+        """Close the peer connections to and from ``addresses`` and refuse new ones, until
+        ``info_hash``'s fetch calls again without them (the seeders, once this node's share
+        of the pieces only they hold is in: :mod:`swarm.agent.seedershare`). The filter is
+        the session's, every torrent's: addresses a fetch holds off are held off for all."""
+        held = frozenset(addresses)
+        with self._lock:
+            if held == self._held_off.get(info_hash, frozenset()):
+                return
+            if held:
+                self._held_off[info_hash] = held
+            else:
+                self._held_off.pop(info_hash, None)
+            self._apply_filter()
+
+    def held_off(self, address: str) -> bool:
+        return any(address in held for held in list(self._held_off.values()))
+
+    def _apply_filter(self) -> None:
+        """libtorrent's ip filter from :meth:`admit_only`'s and :meth:`hold_off`'s
+        addresses (under the lock)."""
         rules = lt.ip_filter()
-        rules.add_rule("0.0.0.0", "255.255.255.255", 1)  # 1 = blocked
-        rules.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
-        for address in addresses:
-            rules.add_rule(address, address, 0)
+        if self._admitted is not None:
+            rules.add_rule("0.0.0.0", "255.255.255.255", 1)  # 1 = blocked
+            rules.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
+            for address in self._admitted:
+                rules.add_rule(address, address, 0)
+        for address in set().union(*self._held_off.values()):
+            rules.add_rule(address, address, 1)
         self.session.set_ip_filter(rules)
 
     def dial(self, info_hash: str, addresses: tuple[tuple[str, int], ...]) -> None:
@@ -558,7 +588,7 @@ class TorrentSession:
                 log.warning("piece %d failed its hash check", alert.piece_index)
             return
         if isinstance(alert, lt.peer_blocked_alert):
-            if alert.reason == lt.reason_t.ip_filter:
+            if alert.reason == lt.reason_t.ip_filter and not self.held_off(alert.ip[0]):
                 self.on_blocked(alert.ip[0])  # (address, port), as for every peer alert
             return
         if isinstance(alert, lt.peer_ban_alert):

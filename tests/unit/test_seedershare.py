@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.agent.seedershare import left_to_owners, new_nodes_among
+from swarm.agent.seedershare import left_to_owners, new_nodes_among, split
 
 PIECES = 12
 NONE = [False] * PIECES
@@ -61,3 +61,12 @@ def test_a_peer_holding_every_piece_is_a_seeder_though_no_plan_named_it() -> Non
     # So the pieces no new node holds are dealt (had 10.0.0.8 counted as a new node
     # holding every piece, none would be at the seeders only, and nothing was left).
     assert left_to_owners(range(PIECES), new_nodes, "10.0.0.2") == {3, 5, 7, 9, 11}
+
+
+def test_a_node_s_own_share_is_what_it_pulls_from_the_seeders() -> None:
+    share = split(range(PIECES), {"10.0.0.3": held(1, 4), "10.0.0.4": NONE}, "10.0.0.2")
+    # rank 0 of three: pieces 0, 3, 6, 9 are its own; 1 and 4 are at a new node
+    assert share.own == {0, 3, 6, 9}
+    assert share.left == {2, 5, 7, 8, 10, 11}
+    # its own share in, nothing it lacks at a new node: nothing is dealt any more
+    assert split([1, 5], {"10.0.0.3": NONE}, "10.0.0.2") == split([], {}, "10.0.0.2")
