@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import os
 import re
 import socketserver
 import threading
@@ -86,6 +85,7 @@ class PieceServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = PIECE_TIMEOUT  # a connection that sends nothing does not hold a thread
     server: PieceServer
 
     def log_message(self, format: str, *args: object) -> None:
@@ -119,24 +119,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
             return
         try:
-            fd = os.open(artifact.data_path, os.O_RDONLY)
+            data_file = artifact.data_path.open("rb")
         except OSError:  # moved away meanwhile (a finished fetch's rename): ask again
             self._refuse(HTTPStatus.NOT_FOUND)
             return
-        try:
+        with data_file:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Length", str(length))
             self.end_headers()
             self.wfile.flush()
-            sent = 0
-            while sent < length:
-                done = os.sendfile(self.connection.fileno(), fd, offset + sent, length - sent)
-                if done == 0:  # the file is shorter than the piece: the peer sees it end
-                    self.close_connection = True
-                    break
-                sent += done
-        finally:
-            os.close(fd)
+            try:  # the kernel's sendfile, waiting on the socket's timeout when it is full
+                sent = self.connection.sendfile(data_file, offset, length)
+            except OSError as error:  # the puller went (its fetch ended, or it gave up)
+                log.debug("pieces: %s gone: %s", self.client_address[0], error)
+                sent = 0
+            if sent < length:  # a short file, or the puller gone: it sees the body end
+                self.close_connection = True
 
 
 class PieceClient:

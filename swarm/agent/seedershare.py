@@ -55,6 +55,11 @@ SHARE_INTERVAL = 0.25
 others may ask for it at once (a piece takes ~0.2 s at a quarter of existing seeders'
 rates from a peer)."""
 
+RETAKE_SECONDS = 10.0
+"""A piece pulled and still not held this long after is pulled again (a bad copy fails
+libtorrent's SHA-1 check and is dropped; without this the node would hold the seeders
+off for it for ever). A piece takes ~1.3 s at a quarter of existing seeders' rates."""
+
 STALLED_SECONDS = 2.0
 """Once its own share is in, a node holds the seeders off for the other nodes' shares
 only while those keep coming in: this long without one, libtorrent may ask the seeders
@@ -157,7 +162,9 @@ class SharePuller:
         self.access = access
         self.seeders: set[str] = set()
         self.wanted: list[int] = []
-        self.taken: set[int] = set()
+        self.taken: dict[int, float] = {}
+        """Pieces a GET was sent for, and when: taken again after :data:`RETAKE_SECONDS`
+        if still not held (libtorrent found a bad one, or dropped it)."""
         self.failed = False
         """A seeder could not serve (no server, refused, gone): libtorrent takes over."""
         self._lock = threading.Lock()
@@ -178,10 +185,14 @@ class SharePuller:
         self._changed.set()
 
     def _take(self) -> int | None:
+        now = time.monotonic()
         with self._lock:
             for index in self.wanted:
-                if index not in self.taken and not self.artifact.sink.have(index):
-                    self.taken.add(index)
+                taken = self.taken.get(index)
+                if taken is not None and now - taken < RETAKE_SECONDS:
+                    continue
+                if not self.artifact.sink.have(index):
+                    self.taken[index] = now
                     return index
         return None
 
@@ -248,7 +259,7 @@ def _share(
         left = share.left
         session.leave_to_owners(artifact.info_hash, left)
         hold, pending = False, len(left) + len(share.own)
-        if puller is not None and not new_nodes:
+        if puller is not None and not puller.failed and not new_nodes:
             hold = holding  # no view of the fleet for now (connections come and go)
         elif puller is not None and not puller.failed:
             puller.add_seeders(seeders)
