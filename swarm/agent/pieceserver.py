@@ -14,14 +14,14 @@ held off the seeders meanwhile.
 
     GET /v1/pieces/INFO_HASH/INDEX    Authorization: Bearer FLEET_TOKEN
 
-answers 200 with the piece's bytes (``sendfile`` from the data file: no copy through
-Python), 404 for an artifact or piece this node does not hold, 403 without the fleet
-token. The receiver checks every piece's SHA-1 (libtorrent's ``add_piece``). The server
-listens on the node's address at :data:`PIECES_PORT`, a fleet-wide number as the UDP port
-is, and only where the UDP server has its default port (:func:`pieces_port`): a daemon
-given another UDP port (several nodes on one address, each with its own) could otherwise
-take the port another node's UDP server is about to bind. A daemon without UDP (no
-secret, ``--udp-port 0``) serves no pieces either.
+answers 200 with the piece's bytes (read as the UDP server reads them:
+:class:`swarm.agent.held.HeldPieces`), 404 for an artifact or piece this node does not
+hold, 403 without the fleet token. The receiver checks every piece's SHA-1 (libtorrent's
+``add_piece``). The server listens on the node's address at :data:`PIECES_PORT`, a
+fleet-wide number as the UDP port is, and only where the UDP server has its default port
+(:func:`pieces_port`): a daemon given another UDP port (several nodes on one address,
+each with its own) could otherwise take the port another node's UDP server is about to
+bind. A daemon without UDP (no secret, ``--udp-port 0``) serves no pieces either.
 """
 
 from __future__ import annotations
@@ -31,17 +31,15 @@ import logging
 import re
 import socketserver
 import threading
-from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 
-from swarm.agent import treefs
 from swarm.fleetauth import bearer, token_matches
 from swarm.udp.wire import DEFAULT_PORT as UDP_DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from swarm.agent.registry import Artifact
+    from swarm.udp.pieces import PieceProvider
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +66,9 @@ class PieceServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(
-        self, address: tuple[str, int], token: str, lookup: Callable[[str], Artifact | None]
-    ) -> None:
+    def __init__(self, address: tuple[str, int], token: str, provider: PieceProvider) -> None:
         self.token = token
-        self.lookup = lookup
+        self.provider = provider
         super().__init__(address, _Handler)
 
     def start(self) -> None:
@@ -102,40 +98,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(HTTPStatus.FORBIDDEN)
             return
         match = PATH.match(self.path)
-        artifact = self.server.lookup(match[1]) if match else None
+        pieces = self.server.provider.lookup(match[1]) if match else None
         index = int(match[2]) if match else -1
-        if artifact is None or not 0 <= index < artifact.manifest.layout.count:
+        if pieces is None or not 0 <= index < pieces.piece_count or not pieces.has(index):
             self._refuse(HTTPStatus.NOT_FOUND)
-            return
-        if not artifact.sink.have(index):
-            self._refuse(HTTPStatus.NOT_FOUND)
-            return
-        layout = artifact.manifest.layout
-        length, offset = layout.length(index), layout.offset(index)
-        if artifact.manifest.is_tree:
-            data = treefs.read_piece(artifact.manifest, artifact.data_path, index)
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
             return
         try:
-            data_file = artifact.data_path.open("rb")
+            data = pieces.read(index)
         except OSError:  # moved away meanwhile (a finished fetch's rename): ask again
             self._refuse(HTTPStatus.NOT_FOUND)
             return
-        with data_file:
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Length", str(length))
-            self.end_headers()
-            self.wfile.flush()
-            try:  # the kernel's sendfile, waiting on the socket's timeout when it is full
-                sent = self.connection.sendfile(data_file, offset, length)
-            except OSError as error:  # the puller went (its fetch ended, or it gave up)
-                log.debug("pieces: %s gone: %s", self.client_address[0], error)
-                sent = 0
-            if sent < length:  # a short file, or the puller gone: it sees the body end
-                self.close_connection = True
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except OSError as error:  # the puller went (its fetch ended, or it gave up)
+            log.debug("pieces: %s gone: %s", self.client_address[0], error)
+            self.close_connection = True
 
 
 class PieceClient:
@@ -174,12 +154,12 @@ class PieceClient:
             self._conn = None
 
 
-def start_server(
-    host: str, port: int, token: str, lookup: Callable[[str], Artifact | None]
-) -> PieceServer | None:
-    """The node's piece server on ``port``, serving; None (logged) if it cannot bind it."""
+def start_server(host: str, port: int, token: str, provider: PieceProvider) -> PieceServer | None:
+    """The node's piece server on ``port`` for ``provider``'s pieces (the daemon's: the
+    UDP server's :class:`~swarm.agent.held.HeldArtifacts`), serving; None (logged) if it
+    cannot bind the port."""
     try:
-        server = PieceServer((host, port), token, lookup)
+        server = PieceServer((host, port), token, provider)
     except OSError as error:
         log.warning("cannot serve held pieces on %s:%d over TCP (%s): seeders' pieces go "
                     "through libtorrent only", host, port, error.strerror)  # fmt: skip

@@ -165,10 +165,15 @@ class SharePuller:
         self.taken: dict[int, float] = {}
         """Pieces a GET was sent for, and when: taken again after :data:`RETAKE_SECONDS`
         if still not held (libtorrent found a bad one, or dropped it)."""
-        self.failed = False
-        """A seeder could not serve (no server, refused, gone): libtorrent takes over."""
+        self.gone: set[str] = set()
+        """Seeders that could not serve (no server, refused, gone): pulled from no more."""
         self._lock = threading.Lock()
         self._changed = threading.Event()
+
+    @property
+    def failed(self) -> bool:
+        """No seeder serves: libtorrent takes the share (the seeders are given back)."""
+        return bool(self.seeders) and self.gone >= self.seeders
 
     def add_seeders(self, seeders: Iterable[str]) -> None:
         """Pull from these seeders too (a thread each)."""
@@ -200,8 +205,9 @@ class SharePuller:
         artifact = self.artifact
         info_hash = artifact.manifest.info_hash
         client = PieceClient(seeder, self.access.port, self.access.token)
+        index: int | None = None
         try:
-            while artifact.fetching and not artifact.cancel.is_set() and not self.failed:
+            while artifact.fetching and not artifact.cancel.is_set():
                 index = self._take()
                 if index is None:
                     self._changed.clear()
@@ -211,9 +217,14 @@ class SharePuller:
                 if data is None or not artifact.sink.offer(index, data, "peers"):
                     raise OSError(f"piece {index} not served")
         except (OSError, HTTPException) as error:
-            log.warning("%s: seeder %s serves no pieces over TCP (%s): libtorrent takes "
-                        "the share", artifact.manifest.name, seeder, error)  # fmt: skip
-            self.failed = True
+            with self._lock:
+                self.gone.add(seeder)
+                if index is not None:
+                    self.taken.pop(index, None)  # another seeder's thread takes it now
+            log.warning("%s: seeder %s serves no pieces over TCP (%s): %s",
+                        artifact.manifest.name, seeder, error,
+                        "libtorrent takes the share" if self.failed
+                        else "the other seeders' threads pull its pieces")  # fmt: skip
         finally:
             client.close()
 

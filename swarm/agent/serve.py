@@ -201,13 +201,14 @@ async def serve(
         # a daemon that holds artifacts already (a seeder's restart) serves them at once
         udp_task = asyncio.create_task(udp.run(0.0 if daemon.artifacts else UDP_SERVE_DELAY))
     pieces: PieceServer | None = None
-    if udp_key is not None and daemon.token and pieces_port(udp_port):
+    pieces_at = pieces_port(udp_port) if udp_key is not None else 0
+    if pieces_at and daemon.token:
         token = daemon.token
 
         async def serve_pieces(delay: float) -> None:  # as the UDP server: not at the start
             nonlocal pieces
             await asyncio.sleep(delay)
-            pieces = start_server(listen_ip, pieces_port(udp_port), token, daemon.artifacts.get)
+            pieces = start_server(listen_ip, pieces_at, token, HeldArtifacts(daemon))
 
         tasks.append(
             asyncio.create_task(serve_pieces(0.0 if daemon.artifacts else UDP_SERVE_DELAY))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from swarm.agent.daemon import Daemon
+from swarm.agent.held import HeldArtifacts
 from swarm.agent.pieceserver import PieceClient, PieceServer, pieces_port, start_server
 from swarm.agent.registry import Artifact
 from swarm.agent.seedershare import PieceAccess, SharePuller
@@ -43,7 +44,7 @@ def _holding(daemon: Daemon, manifest: Manifest, data: Path) -> Artifact:
 
 def _serve(daemon: Daemon) -> tuple[PieceServer, int]:
     port = free_port(SEEDER)
-    server = start_server(SEEDER, port, TOKEN, daemon.artifacts.get)
+    server = start_server(SEEDER, port, TOKEN, HeldArtifacts(daemon))
     assert server is not None
     return server, port
 
@@ -128,3 +129,25 @@ def test_piece_servers_listen_only_beside_default_udp_servers() -> None:
     assert pieces_port(7881) == 7882
     assert pieces_port(0) == 0  # no UDP
     assert pieces_port(9000) == 0  # a UDP port of its own: 9001 may be another node's
+
+
+def test_a_seeder_that_does_not_serve_leaves_its_pieces_to_the_others(tmp_path: Path) -> None:
+    source = tmp_path / "a.bin"
+    manifest = _manifest(source)
+    seeder = _daemon(tmp_path / "seeder", SEEDER)
+    node = _daemon(tmp_path / "node", "127.0.0.3")
+    server = None
+    try:
+        _holding(seeder, manifest, source)
+        server, port = _serve(seeder)
+        artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
+        puller = SharePuller(artifact, PieceAccess(port, TOKEN))
+        puller.want([0, 1, 2, 3])
+        puller.add_seeders(["127.0.0.4", SEEDER])  # nothing listens on the first
+        wait_until(lambda: all(artifact.sink.have(i) for i in range(PIECES)), 20, "the share")
+        assert puller.gone == {"127.0.0.4"} and not puller.failed
+    finally:
+        if server is not None:
+            server.stop()
+        node.close()
+        seeder.close()
