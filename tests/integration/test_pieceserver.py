@@ -4,7 +4,9 @@ real sockets on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,7 +89,10 @@ def test_a_piece_not_held_yet_is_not_served(tmp_path: Path) -> None:
         node.close()
 
 
-def test_a_new_node_pulls_its_share_once_each(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _beside_a_seeder(tmp_path: Path) -> Iterator[tuple[Artifact, SharePuller]]:
+    """A serving seeder, and a new node's puller (no seeders added yet) for the same
+    artifact, which the node lacks."""
     source = tmp_path / "a.bin"
     manifest = _manifest(source)
     seeder = _daemon(tmp_path / "seeder", SEEDER)
@@ -97,18 +102,22 @@ def test_a_new_node_pulls_its_share_once_each(tmp_path: Path) -> None:
         _holding(seeder, manifest, source)
         server, port = _serve(seeder)
         artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
-        puller = SharePuller(artifact, PieceAccess(port, TOKEN))
+        yield artifact, SharePuller(artifact, PieceAccess(port, TOKEN))
+    finally:
+        if server is not None:
+            server.stop()
+        node.close()
+        seeder.close()
+
+
+def test_a_new_node_pulls_its_share_once_each(tmp_path: Path) -> None:
+    with _beside_a_seeder(tmp_path) as (artifact, puller):
         puller.want([1, 3])
         puller.add_seeders([SEEDER])
         wait_until(lambda: artifact.sink.have(1) and artifact.sink.have(3), 20, "the share")
         assert not artifact.sink.have(0) and not artifact.sink.have(2)
         assert set(puller.taken) == {1, 3} and not puller.failed
         assert artifact.sink.bytes_by_source.get("peers") == 2 * MiB  # each piece once
-    finally:
-        if server is not None:
-            server.stop()
-        node.close()
-        seeder.close()
 
 
 def test_a_seeder_without_a_piece_server_leaves_the_share_to_libtorrent(tmp_path: Path) -> None:
@@ -132,22 +141,8 @@ def test_piece_servers_listen_only_beside_default_udp_servers() -> None:
 
 
 def test_a_seeder_that_does_not_serve_leaves_its_pieces_to_the_others(tmp_path: Path) -> None:
-    source = tmp_path / "a.bin"
-    manifest = _manifest(source)
-    seeder = _daemon(tmp_path / "seeder", SEEDER)
-    node = _daemon(tmp_path / "node", "127.0.0.3")
-    server = None
-    try:
-        _holding(seeder, manifest, source)
-        server, port = _serve(seeder)
-        artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
-        puller = SharePuller(artifact, PieceAccess(port, TOKEN))
+    with _beside_a_seeder(tmp_path) as (artifact, puller):
         puller.want([0, 1, 2, 3])
         puller.add_seeders(["127.0.0.4", SEEDER])  # nothing listens on the first
         wait_until(lambda: all(artifact.sink.have(i) for i in range(PIECES)), 20, "the share")
         assert puller.gone == {"127.0.0.4"} and not puller.failed
-    finally:
-        if server is not None:
-            server.stop()
-        node.close()
-        seeder.close()
