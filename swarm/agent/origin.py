@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from swarm.agent.aheadyield import ahead_of_fleet
 from swarm.agent.direct import DirectSink
 from swarm.agent.holdwatch import BEHIND_SHARE, BehindWatch
 from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
@@ -335,7 +334,6 @@ def read_origin(
     handle = state.handle
     in_flight = InFlight(handle)
     last_kind: tuple[BatchKind, bool] | None = None  # logged when it changes
-    was_ahead = False  # of the fleet (aheadyield), logged when it changes
     try:
         while not artifact.complete_on_disk() and not artifact.cancel.is_set():
             missing = artifact.missing()
@@ -402,16 +400,6 @@ def read_origin(
                 # (its ``waste_piece_unknown``), 104 MB of redundant bytes in all; 70 MB
                 # with this (one run each). Three alternating pairs there: 7.58-7.70 s
                 # against 7.60-8.15.
-                # Ahead of the fleet, the node leaves its direct share (and WIDE's extra
-                # pieces) to the nodes behind while the origin is shared (aheadyield)
-                ahead = ahead_of_fleet(received() / manifest.layout.count, handle.get_peer_info())
-                if ahead != was_ahead:
-                    log.info("%s the fleet's median progress: direct reads %s",
-                             "ahead of" if ahead else "back near",
-                             "left to the nodes behind" if ahead else "again")  # fmt: skip
-                    was_ahead = ahead
-                if ahead:
-                    budget = 0
                 fresh = plan.mode == Mode.WIDE or budget > 0
                 batch = planned_batch(
                     plan,
@@ -421,7 +409,7 @@ def read_origin(
                     in_flight(0.0 if fresh else IN_FLIGHT_TTL),
                     local.offset,
                     direct_budget=budget,
-                    wide_limit=0 if ahead else batch_pieces,
+                    wide_limit=batch_pieces,
                     leave_in_flight=plan.link_bound,
                 )
             else:
