@@ -126,17 +126,3 @@ def planned_batch(
     slow = wide_pieces(missing, availability, in_flight, len(missing))
     extra = [p for p in slow if p not in taken][:wide_limit]
     return Batch(BatchKind.WIDE, stripe + extra, direct=len(extra))
-
-
-def s3_candidates(missing: Sequence[int], partly_received: Collection[int]) -> list[int]:
-    """The missing pieces S3 may read now: not those peers have partly sent (libtorrent
-    holds some of their blocks), unless nothing else is missing (a fetch's tail, where a
-    slow peer would otherwise hold the node). S3's copy of such a piece replaces the
-    peer's blocks, which then crossed a peer's uplink for nothing: in the slow-uploads
-    fleet at a quarter of its rates (a 5-Mbit peer takes seconds over a piece) the GETs'
-    pieces held 44 MB of such blocks at their start (one run traced, most in fills), a
-    third of what peers sent while the origin was the fleet's bound. A plan's ALL reads
-    everything missing regardless (``read_origin`` leaves the pieces peers partly sent
-    to them for a while itself)."""
-    kept = [p for p in missing if p not in partly_received]
-    return kept or list(missing)

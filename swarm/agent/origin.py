@@ -23,14 +23,7 @@ from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.stuck import BLOCK_WRITING
 from swarm.agent.udpchoice import s3_far
-from swarm.batch import (
-    Batch,
-    BatchKind,
-    all_missing,
-    kept_from_peers,
-    planned_batch,
-    s3_candidates,
-)
+from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
 from swarm.sources import PieceSink
@@ -78,12 +71,6 @@ IN_FLIGHT_TTL = 1.0
 piece, which libtorrent drops)."""
 
 
-PARTIAL_TTL = 0.25
-"""Seconds the pieces peers have partly sent are known before each batch (see the reader
-loop): a fill reads one piece in a few tenths of a second, and libtorrent starts pieces
-from peers meanwhile."""
-
-
 def partly_received(queue: list[dict[str, Any]]) -> set[int]:
     """Pieces of libtorrent's download queue (``get_download_queue``) with blocks
     already received (being written or written)."""
@@ -95,23 +82,19 @@ def partly_received(queue: list[dict[str, Any]]) -> set[int]:
 
 
 class InFlight:
-    """Pieces asked of peers (libtorrent's download queue), asked of libtorrent at most
-    every ``IN_FLIGHT_TTL`` seconds: ``get_download_queue`` lists every block in flight as
+    """Pieces partly downloaded from peers, asked of libtorrent at most every
+    ``IN_FLIGHT_TTL`` seconds: ``get_download_queue`` lists every block in flight as
     Python dicts, and asked for each fill read it took most of a daemon's CPU."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self._pieces: set[int] = set()
-        self.partly_received: set[int] = set()
-        """Of those, the pieces with blocks already received (as of the last call)."""
         self._at = -math.inf
 
     def __call__(self, max_age: float = IN_FLIGHT_TTL) -> set[int]:
         now = time.monotonic()
         if now - self._at >= max_age:
-            queue = self.handle.get_download_queue()
-            self._pieces = {p["piece_index"] for p in queue}
-            self.partly_received = partly_received(queue)
+            self._pieces = {p["piece_index"] for p in self.handle.get_download_queue()}
             self._at = now
         return self._pieces
 
@@ -366,10 +349,6 @@ def read_origin(
                 # the far nodes then reported S3's rate as their links' and kept ALL for
                 # 71 s against 10). Its own policy decides, as without a plan.
                 plan = None
-            # peers' blocks already received are not read again (swarm.batch.s3_candidates)
-            in_flight(PARTIAL_TTL)
-            partial = in_flight.partly_received
-            for_s3 = s3_candidates(missing, partial)
             batch: Batch
             planned = False  # the batch is the coordinator's plan (not the node's choice)
             status = state.status
@@ -382,8 +361,6 @@ def read_origin(
             elif plan is not None:
                 planned = True
                 held = artifact.direct.held() if artifact.direct is not None else state.held
-                if len(for_s3) < len(missing) and plan.mode != Mode.ALL:
-                    held = set(held) | partial
                 budget = math.ceil(plan.direct * manifest.layout.count) - artifact.direct_pieces
                 if plan.s3_estimate:
                     # A direct share is kept from peers as a whole while S3 reads it: no
@@ -403,7 +380,7 @@ def read_origin(
                 fresh = plan.mode == Mode.WIDE or budget > 0
                 batch = planned_batch(
                     plan,
-                    missing if plan.mode == Mode.ALL else for_s3,
+                    missing,
                     held,
                     handle.piece_availability(),
                     in_flight(0.0 if fresh else IN_FLIGHT_TTL),
@@ -414,7 +391,7 @@ def read_origin(
                 )
             else:
                 pieces = local.choose(
-                    for_s3,
+                    missing,
                     handle.piece_availability(),
                     in_flight(),
                     batch_pieces,

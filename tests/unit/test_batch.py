@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.batch import Batch, BatchKind, kept_from_peers, planned_batch, s3_candidates
+from swarm.batch import Batch, BatchKind, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
 
 MISSING = list(range(10))
@@ -84,13 +84,3 @@ def test_a_link_bound_direct_share_leaves_pieces_asked_of_peers_to_them() -> Non
     for value in (None, 1, "yes"):
         unflagged = OriginPlan.from_json({"mode": "stripe", "link_bound": value})
         assert unflagged is not None and not unflagged.link_bound
-
-
-def test_s3_leaves_the_pieces_peers_have_partly_sent_to_them() -> None:
-    assert s3_candidates([1, 2, 3, 4], {2, 4, 9}) == [1, 3]
-
-
-def test_s3_reads_them_once_nothing_else_is_missing() -> None:
-    # the tail: a slow peer would otherwise hold the node
-    assert s3_candidates([2, 4], {2, 4}) == [2, 4]
-    assert s3_candidates([], {2}) == []

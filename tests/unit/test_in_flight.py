@@ -31,18 +31,3 @@ def test_the_answer_is_reused_unless_a_fresh_one_is_asked_for() -> None:
     assert handle.asked == 1
     assert in_flight(0.0) == {3, 7}  # a batch for this node alone: the pieces of now
     assert handle.asked == 2
-
-
-def test_the_pieces_with_blocks_received_are_told_apart() -> None:
-    # block states as libtorrent numbers them: 1 requested, 2 writing, 3 finished
-    class Queue:
-        def get_download_queue(self) -> list[dict[str, Any]]:
-            return [
-                {"piece_index": 3, "blocks": [{"state": 1}, {"state": 0}]},
-                {"piece_index": 5, "blocks": [{"state": 3}, {"state": 1}]},
-                {"piece_index": 8, "blocks": [{"state": 2}]},
-            ]
-
-    in_flight = InFlight(Queue())
-    assert in_flight() == {3, 5, 8}
-    assert in_flight.partly_received == {5, 8}
