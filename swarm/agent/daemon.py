@@ -196,7 +196,8 @@ class Daemon:
 
     def piece_access(self) -> seedershare.PieceAccess | None:
         """The fleet's piece servers (:mod:`.pieceserver`), which listen beside the UDP
-        servers: None without them (no secret, no UDP, a UDP port of its own)."""
+        servers: None without them (no secret, no UDP, a UDP port of its own). The rule
+        both ends follow: this node serves its pieces by it too (``serve``)."""
         port = pieces_port(self.udp_port)
         if not (port and self.udp_secret and self.token):
             return None

@@ -100,15 +100,6 @@ def split(
     return Share(others, set(seeders_only) - others)
 
 
-def left_to_owners(
-    missing: Iterable[int],
-    new_nodes: Mapping[str, Sequence[bool]],
-    own_address: str,
-) -> set[int]:
-    """The pieces this node leaves to other new nodes (:func:`split`'s ``left``)."""
-    return split(missing, new_nodes, own_address).left
-
-
 def new_nodes_among(
     peers: Iterable[tuple[str, bool, Sequence[bool]]], seeders: set[str], own_address: str
 ) -> dict[str, Sequence[bool]]:

@@ -20,7 +20,7 @@ from swarm.agent.api import ApiServer
 from swarm.agent.client import READY_FD_ENV, sock_path
 from swarm.agent.daemon import Daemon
 from swarm.agent.held import UDP_SERVE_DELAY, DeferredUdpServer, HeldArtifacts
-from swarm.agent.pieceserver import PieceServer, pieces_port, start_server
+from swarm.agent.pieceserver import PieceServer, start_server
 from swarm.agent.reporter import report_loop
 from swarm.agent.uplink import UplinkPacer
 from swarm.config import Settings
@@ -190,25 +190,23 @@ async def serve(
     if peers_from_asg:
         daemon.asg_groups.add(peers_from_asg)
         start_asg(peers_from_asg)
+    held = HeldArtifacts(daemon)  # what the UDP and piece servers serve
     udp: DeferredUdpServer | None = None
     udp_task: asyncio.Task[None] | None = None
     if udp_key is not None and reserved is not None:
-        udp = DeferredUdpServer(
-            udp_key, HeldArtifacts(daemon), reserved, listen_ip, udp_port, udp_budget
-        )
+        udp = DeferredUdpServer(udp_key, held, reserved, listen_ip, udp_port, udp_budget)
         if not upload_limit:  # the operator's budget stands; else the measured link's
             daemon.on_link = udp.follow_link
         # a daemon that holds artifacts already (a seeder's restart) serves them at once
         udp_task = asyncio.create_task(udp.run(0.0 if daemon.artifacts else UDP_SERVE_DELAY))
     pieces: PieceServer | None = None
-    pieces_at = pieces_port(udp_port) if udp_key is not None else 0
-    if pieces_at and daemon.token:
-        token = daemon.token
+    access = daemon.piece_access()  # the rule new nodes pull by (swarm.agent.seedershare)
+    if access is not None:
 
         async def serve_pieces(delay: float) -> None:  # as the UDP server: not at the start
             nonlocal pieces
             await asyncio.sleep(delay)
-            pieces = start_server(listen_ip, pieces_at, token, HeldArtifacts(daemon))
+            pieces = start_server(listen_ip, access.port, access.token, held)
 
         tasks.append(
             asyncio.create_task(serve_pieces(0.0 if daemon.artifacts else UDP_SERVE_DELAY))

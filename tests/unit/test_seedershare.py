@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.agent.seedershare import left_to_owners, new_nodes_among, split
+from swarm.agent.seedershare import new_nodes_among, split
 
 PIECES = 12
 NONE = [False] * PIECES
@@ -17,13 +17,13 @@ def test_each_piece_only_seeders_hold_is_one_new_node_s() -> None:
     taken: list[set[int]] = []
     for own in nodes:
         others = {a: NONE for a in nodes if a != own}
-        taken.append(set(range(PIECES)) - left_to_owners(range(PIECES), others, own))
+        taken.append(set(range(PIECES)) - split(range(PIECES), others, own).left)
     assert [len(t) for t in taken] == [4, 4, 4]
     assert set().union(*taken) == set(range(PIECES))
 
 
 def test_a_piece_a_new_node_holds_is_anyone_s() -> None:
-    left = left_to_owners(range(PIECES), {"10.0.0.3": held(1, 4)}, "10.0.0.2")
+    left = split(range(PIECES), {"10.0.0.3": held(1, 4)}, "10.0.0.2").left
     # rank 0 of two: the odd pieces are the other's, except 1 (it holds it)
     assert left == {3, 5, 7, 9, 11}
 
@@ -31,20 +31,20 @@ def test_a_piece_a_new_node_holds_is_anyone_s() -> None:
 def test_a_node_whose_share_is_in_takes_the_rest_once_no_new_node_has_more() -> None:
     # Its own share (even pieces) all in; 1 and 3 at seeders only, 5 at the other node:
     # 5 comes from that node, and the seeders' pieces wait for their owner meanwhile.
-    assert left_to_owners([1, 3, 5], {"10.0.0.3": held(5)}, "10.0.0.2") == {1, 3}
+    assert split([1, 3, 5], {"10.0.0.3": held(5)}, "10.0.0.2").left == {1, 3}
     # Nothing it lacks is at a new node: it takes its owner's pieces too (the owner may
     # be one it does not see, or gone).
-    assert left_to_owners([1, 3], {"10.0.0.3": held(5)}, "10.0.0.2") == set()
+    assert split([1, 3], {"10.0.0.3": held(5)}, "10.0.0.2").left == set()
 
 
 def test_alone_or_behind_one_address_nothing_is_left() -> None:
-    assert left_to_owners(range(PIECES), {}, "10.0.0.2") == set()
+    assert split(range(PIECES), {}, "10.0.0.2").left == set()
     # loopback fleets: every node is 127.0.0.1
-    assert left_to_owners(range(PIECES), {"127.0.0.1": NONE}, "127.0.0.1") == set()
+    assert split(range(PIECES), {"127.0.0.1": NONE}, "127.0.0.1").left == set()
 
 
 def test_a_peer_without_a_bitfield_yet_holds_nothing() -> None:
-    assert left_to_owners(range(4), {"10.0.0.3": []}, "10.0.0.2") == {1, 3}
+    assert split(range(4), {"10.0.0.3": []}, "10.0.0.2").left == {1, 3}
 
 
 def test_a_peer_holding_every_piece_is_a_seeder_though_no_plan_named_it() -> None:
@@ -60,7 +60,7 @@ def test_a_peer_holding_every_piece_is_a_seeder_though_no_plan_named_it() -> Non
     assert seeders == {"10.0.0.9", "10.0.0.8"}
     # So the pieces no new node holds are dealt (had 10.0.0.8 counted as a new node
     # holding every piece, none would be at the seeders only, and nothing was left).
-    assert left_to_owners(range(PIECES), new_nodes, "10.0.0.2") == {3, 5, 7, 9, 11}
+    assert split(range(PIECES), new_nodes, "10.0.0.2").left == {3, 5, 7, 9, 11}
 
 
 def test_a_node_s_own_share_is_what_it_pulls_from_the_seeders() -> None:
