@@ -222,14 +222,29 @@ class Completion:
         artifact.sink, artifact.data_path, artifact.direct = sink, final, None
 
 
+def peers_for_nothing(size: int, peers: int, s3_kept: int, udp_kept: int) -> int:
+    """Of ``peers`` bytes received from peers, those outside the pieces they completed
+    (every piece S3 and UDP did not bring, ``size`` less what those two kept): blocks
+    libtorrent got twice or no longer wanted, and blocks of pieces another source wrote
+    whole. Never below 0 (pieces held before the fetch began count as peers')."""
+    return max(0, peers - (size - s3_kept - udp_kept))
+
+
 def _received(session: TorrentSession, artifact: Artifact) -> str:
     """What the fetch received against the artifact's size, for the completion's log line:
     S3's bytes as they streamed in, peers' payload (with what an earlier handle counted,
     as the status shows it: the verified file is handed to a new one in seed mode). The
-    excess over the size came twice or in vain; libtorrent's redundant count, shown
-    beside it, sees only the peers' blocks it got twice or no longer wanted, not pieces
-    the S3 reader wrote beside them; those the S3 reader counts itself (the bytes of a
-    piece another source brought while S3 did)."""
+    excess over the size came twice or in vain, and is told by source:
+
+    - peers' bytes for nothing: what peers sent beyond the pieces S3 and UDP did not
+      bring (the pieces peers completed). libtorrent's redundant count, shown inside it,
+      sees only blocks it got twice or no longer wanted; the rest are blocks of pieces
+      S3 then wrote whole, peers' blocks already on their way when S3 took the piece (a
+      hold, an ALL plan's cancel): s3-fast at a quarter of its rates, 2-4 MB a node of
+      134, libtorrent's count 0-2. Pieces held before the fetch began (a resumed one)
+      count as peers', so the figure is then a floor;
+    - S3's read for pieces another source brought while S3 did (the S3 reader's count).
+    """
     state = session.torrents.get(artifact.info_hash)
     try:
         status = state.handle.status() if state is not None else None
@@ -241,10 +256,12 @@ def _received(session: TorrentSession, artifact: Artifact) -> str:
     redundant = artifact.peers_redundant_before + (
         status.total_redundant_bytes if status is not None else 0
     )
+    for_nothing = peers_for_nothing(artifact.manifest.size, peers, by_source.get("s3", 0), udp)
     return (
         f" (received {(s3 + peers + udp) / 1e6:.1f} MB for {artifact.manifest.size / 1e6:.1f}:"
         f" S3 {s3 / 1e6:.1f}, peers {peers / 1e6:.1f}, UDP {udp / 1e6:.1f};"
-        f" {redundant / 1e6:.1f} of peers' redundant as libtorrent counts them,"
+        f" {for_nothing / 1e6:.1f} of peers' for nothing ({redundant / 1e6:.1f} redundant as"
+        " libtorrent counts them, the rest in pieces another source wrote),"
         f" {artifact.s3_overtaken.total / 1e6:.1f} of S3's read for pieces another source brought"
         " meanwhile)"
     )
