@@ -64,7 +64,7 @@ def test_flows_limited_each_by_themselves_grow_to_the_cap():
 def test_a_full_link_keeps_the_narrow_width_until_the_reprobe():
     """The node's link carries 30 pieces a second however many flows share it (what it
     receives counts every source, so flows that take the link from peers add nothing):
-    doubling to 4 does not pay, the width goes back to 2 and stays, then tries 4 again
+    doubling does not pay, the width goes back to START_WIDTH and stays, then doubles again
     once REPROBE_SECONDS have gone by."""
     reader = Reader(lambda flows: 30.0)
     reader.run(2)
@@ -83,7 +83,7 @@ def test_a_gap_between_batches_ends_the_measure():
     GAP_SECONDS (the reader between batches) starts it over, so what peers brought
     meanwhile is not put down to the width under test."""
     reader = Reader(lambda flows: 30.0)
-    reader.run(0.75)  # measured at 2; now at 4, its measure under way
+    reader.run(0.75)  # measured at the start width; now at twice it, its measure under way
     assert reader.width.width == 2 * START_WIDTH
     reader.run(WARMUP_SECONDS + 0.1)
     reader.pause(GAP_SECONDS * 3)
