@@ -36,21 +36,20 @@ from typing import Final
 log = logging.getLogger(__name__)
 
 START_WIDTH: Final = 1
-"""GETs in flight before anything is measured. One, not two: where the fleet shares the
-origin, a node's first pieces then come whole sooner (two GETs of four-piece ranges each
-run at half the node's share and end their first pieces together, twice as late), and
-a node relays only whole pieces; where S3 feeds the node's link, one flow fills it and
-the first doubling is measured a moment later. Alternating pairs (toggled within one
-build, ``bench/fleet.py --systems swarm --scenario S``): mixed at a quarter of its
-rates, six pairs, 34.87-35.62 s (mean 35.14) against 35.46-37.20 (36.22), faster in
-six; slow uploads at a quarter 36.91, 35.93 against 37.37, 36.01; s3-fast at a quarter
-19.10, 19.17 against 19.45, 19.73; swarm-bound at a quarter 24.95, 26.17 against 25.90,
-25.78; origin-bound at a quarter 50.32, 48.36 against 48.72, 48.82; existing seeders at
-a quarter 29.60, 34.71 against 29.26, 28.08 (its last node's spread: medians 25.75,
-26.49 against 26.61, 26.22); at full rates s3-fast 5.67, 5.61, 5.61 against 5.58, 5.67,
-5.76 (peers' blocks for nothing 31-36 MB a run against 44-47), mixed 10.11, 10.24,
-11.07 against 10.64, 10.37, 10.42, swarm-bound 7.37, 7.60 against 7.52, 7.62, slow
-uploads 10.41, 10.46 against 10.83, 10.22. Why mixed gained most was not traced."""
+"""GETs in flight before anything is measured. One, not two, as measured below; the likely
+reason, not traced: where the fleet shares the origin, two GETs of 4 MiB ranges each run
+at half the node's share and end their first pieces together, twice as late as one GET
+ends its first, and a node relays only whole pieces. Alternating pairs (toggled within
+one build, ``bench/fleet.py --systems swarm --scenario S``): mixed at a quarter of its
+rates, six pairs, 34.87-35.62 s (mean 35.14) against 35.46-37.20 (36.22), faster in six;
+slow uploads at a quarter 36.91, 35.93 against 37.37, 36.01; s3-fast at a quarter 19.10,
+19.17 against 19.45, 19.73; swarm-bound at a quarter 24.95, 26.17 against 25.90, 25.78;
+origin-bound at a quarter 50.32, 48.36 against 48.72, 48.82; existing seeders at a
+quarter 29.60, 34.71 against 29.26, 28.08 (its last node's spread: medians 25.75, 26.49
+against 26.61, 26.22); at full rates s3-fast 5.67, 5.61, 5.61 against 5.58, 5.67, 5.76
+(peers' blocks for nothing 31-36 MB a run against 44-47), mixed 10.11, 10.24, 11.07
+against 10.64, 10.37, 10.42, swarm-bound 7.37, 7.60 against 7.52, 7.62, slow uploads
+10.41, 10.46 against 10.83, 10.22."""
 
 GROWTH: Final = 1.25
 """Doubling the width stays only if the node then received at least this multiple of
