@@ -147,19 +147,21 @@ def test_gets_read_to_their_end_reuse_one_connection(env, bucket, tmp_path):
 
 def test_no_more_gets_in_flight_than_the_width(env, bucket, tmp_path):
     """Eight threads, each with a range, but a width capped at 2 (it starts at
-    START_WIDTH and may double): never more than two GETs in flight at once, from the
-    request to the body's close, and every piece arrives."""
+    START_WIDTH and may double): never more GETs in flight at once, from the request to
+    the body's close, than the widest the width has been (so one while it stays at one),
+    never more than two, and every piece arrives."""
     manifest, client = _published(env, bucket, tmp_path / "w.bin", 16)
     sink = RacingSink(manifest, trigger=-1, others=set())
     config = S3SourceConfig(concurrency=8, range_size=2 * PIECE)
     width = GetWidth(lambda: len(sink.held), cap=2)
-    lock, in_flight, most = threading.Lock(), [0], [0]
+    lock, in_flight, most, widest = threading.Lock(), [0], [0], [0]
     get_object = client.get_object
 
     def counted(**kw: Any) -> Any:
         with lock:
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
+            widest[0] = max(widest[0], width.width)
         response = get_object(**kw)
         close = response["Body"].close
 
@@ -175,6 +177,7 @@ def test_no_more_gets_in_flight_than_the_width(env, bucket, tmp_path):
     S3Source(client, manifest, sink, threading.Event(), config, width=width).fetch(range(16))
     assert sink.held == set(range(16))
     assert START_WIDTH <= most[0] <= 2
+    assert most[0] <= widest[0] <= 2
 
 
 def test_the_bytes_read_are_counted_as_they_stream_in(env, bucket, tmp_path):
