@@ -250,6 +250,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         "every 0.5 s in fleet-trace.jsonl and its debug log, each allocation's inputs)",
     )
     parser.add_argument(
+        "--trace-peers",
+        action="store_true",
+        help="with --keep: every swarm daemon logs its peer connections once a second "
+        "(rates, request queues, chokes: swarm.sources.peertrace) into its daemon.log",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -264,6 +270,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         parser.error("--repeat must be 1-50")
     if args.repeat > 1 and args.keep:
         parser.error("--keep keeps one run's work directory: use it without --repeat")
+    if args.trace_peers and not args.keep:
+        parser.error("--trace-peers writes into the node logs: add --keep to keep them")
     if args.tcp_cc and args.tcp_cc not in available_tcp_cc():
         parser.error(f"--tcp-cc {args.tcp_cc}: this kernel has {' '.join(available_tcp_cc())}")
     flags = {key: getattr(args, key, None) for key in DEFAULTS}
@@ -298,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = args.systems[turn:] + args.systems[:turn]
                 if args.repeat > 1:
                     log(f"round {round_no + 1} of {args.repeat}: {', '.join(order)}")
-                results, failures = run_fleet(config, order, keep=args.keep)
+                results, failures = run_fleet(
+                    config, order, keep=args.keep, trace_peers=args.trace_peers
+                )
                 results.sort(key=lambda r: args.systems.index(r.system))  # as asked
                 rounds.append((results, failures))
     except (FleetError, LabError, S3Error) as error:

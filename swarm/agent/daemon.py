@@ -61,6 +61,7 @@ from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
 from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
 from swarm.s3http import S3Client
+from swarm.sources import peertrace
 from swarm.sources.ltsettings import AMONG_SEEDERS_SETTINGS, DEFAULT_PORT
 from swarm.sources.peers import TorrentSession
 
@@ -138,7 +139,9 @@ class Daemon:
         for sub in ("artifacts", "resume", "data"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         self.node_id = node_id(self.home)
-        self.session = TorrentSession(listen_ip, port, self.home / "resume", upload_limit)
+        self.session = TorrentSession(
+            listen_ip, port, self.home / "resume", upload_limit, trace_peers=peertrace.enabled()
+        )
         self.link_interface = interface_for(listen_ip)
         """The interface whose counters measure this node's link (None: loopback)."""
         self._sent_uploads = (

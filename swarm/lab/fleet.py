@@ -46,6 +46,7 @@ from swarm.lab.s3 import S3Error, S3Server, publish
 from swarm.lab.systems import SEEDER_TIMEOUT, System, system
 from swarm.lab.wan import Shape, Wan, split_regions
 from swarm.pieces import file_sha256, write_random_file
+from swarm.sources.peertrace import TRACE_ENV
 
 S3_PORT = 9000
 BUCKET = "fleet"
@@ -131,7 +132,16 @@ class Fleet:
     bucket = BUCKET
     object_uri = f"s3://{BUCKET}/{KEY}"
 
-    def __init__(self, config: FleetConfig, lab: Lab, work: Path, keep: bool = False) -> None:
+    def __init__(
+        self,
+        config: FleetConfig,
+        lab: Lab,
+        work: Path,
+        keep: bool = False,
+        trace_peers: bool = False,
+    ) -> None:
+        """``trace_peers``: every swarm daemon logs its peers once a second
+        (:mod:`swarm.sources.peertrace`), into the node logs ``keep`` leaves."""
         self.config = config
         self.keep = keep  # leave each system's node logs and files in ``work``
         self.lab = lab
@@ -173,6 +183,8 @@ class Fleet:
             # and each daemon's UDP server (what far nodes pull from when TCP is slow)
             "SWARM_SECRET": FLEET_SECRET,
         }
+        if trace_peers:
+            self.env[TRACE_ENV] = "1"
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
         # kept runs log each allocation's inputs (the capacity book's debug lines)
         self.coordinator = Coordinator(
@@ -346,14 +358,16 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def started_fleet(config: FleetConfig, keep: bool = False, lab_name: str = "fl") -> Iterator[Fleet]:
+def started_fleet(
+    config: FleetConfig, keep: bool = False, lab_name: str = "fl", trace_peers: bool = False
+) -> Iterator[Fleet]:
     """A fleet in a fresh work directory and lab, its origin started and the artifact
     published; the directory goes on exit unless ``keep`` (the bench's and the tests'
-    one way to set a fleet up)."""
+    one way to set a fleet up). ``trace_peers``: see :class:`Fleet`."""
     work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
     try:
         with Lab(lab_name, tcp_cc=config.tcp_cc) as lab:
-            fleet = Fleet(config, lab, work, keep)
+            fleet = Fleet(config, lab, work, keep, trace_peers)
             fleet.start_origin()
             yield fleet
     finally:
@@ -375,11 +389,11 @@ def compile_swarm() -> None:
 
 
 def run_fleet(
-    config: FleetConfig, systems: list[str], keep: bool = False
+    config: FleetConfig, systems: list[str], keep: bool = False, trace_peers: bool = False
 ) -> tuple[list[SystemResult], dict[str, str]]:
     """Run ``systems`` one after the other; returns their results and, per system that
     failed (a timeout, a client error, a wrong file), why. A failed system does not stop
-    the others; the setup failing does (FleetError)."""
+    the others; the setup failing does (FleetError). ``trace_peers``: see :class:`Fleet`."""
     reason = lab_unavailable()
     if reason:
         raise FleetError(f"cannot build the network lab: {reason}")
@@ -391,7 +405,7 @@ def run_fleet(
     compile_swarm()
     results: list[SystemResult] = []
     failures: dict[str, str] = {}
-    with started_fleet(config, keep=keep) as fleet:
+    with started_fleet(config, keep=keep, trace_peers=trace_peers) as fleet:
         for each in chosen:
             log(f"{each.name}: {config.nodes} nodes, {config.seeders} seeders")
             try:

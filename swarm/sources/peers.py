@@ -24,10 +24,12 @@ import fastbencode
 import libtorrent as lt
 
 from swarm.manifest import Manifest
+from swarm.sources import peertrace
 from swarm.sources.ltsettings import DISK_IO, session_settings
 from swarm.tree import tree_renames
 
 log = logging.getLogger(__name__)
+trace_log = logging.getLogger("swarm.trace.peers")
 
 SOURCE = "peers"
 ALERT_WAIT_MS = 250
@@ -148,8 +150,18 @@ class TorrentState:
 class TorrentSession:
     """One libtorrent session and the thread that drains its alerts."""
 
-    def __init__(self, listen_ip: str, port: int, resume_dir: Path, upload_limit: int = 0) -> None:
+    def __init__(
+        self,
+        listen_ip: str,
+        port: int,
+        resume_dir: Path,
+        upload_limit: int = 0,
+        trace_peers: bool = False,
+    ) -> None:
+        """``trace_peers``: log every torrent's peers once a second
+        (:mod:`swarm.sources.peertrace`)."""
         self.listen_ip = listen_ip
+        self.trace_peers = trace_peers
         self.resume_dir = resume_dir
         resume_dir.mkdir(parents=True, exist_ok=True)
         params = lt.session_params()
@@ -539,12 +551,15 @@ class TorrentSession:
         return state if state is not None and state.handle == handle else None
 
     def _alert_loop(self) -> None:
-        last_update = 0.0
+        last_update = last_trace = 0.0
         while self._running:
             now = time.monotonic()
             if now - last_update >= STATUS_INTERVAL:
                 self.session.post_torrent_updates()
                 last_update = now
+            if self.trace_peers and now - last_trace >= peertrace.TRACE_INTERVAL:
+                last_trace = now
+                self._trace()
             if not self.session.wait_for_alert(ALERT_WAIT_MS):
                 continue
             for alert in self.session.pop_alerts():
@@ -552,6 +567,17 @@ class TorrentSession:
                     self._dispatch(alert)
                 except Exception:  # one bad alert must not kill the session's loop
                     log.exception("error handling %s", type(alert).__name__)
+
+    def _trace(self) -> None:
+        """A line per torrent on the peers trace's logger (:mod:`.peertrace`)."""
+        with self._lock:
+            states = list(self.torrents.values())
+        for state in states:
+            try:
+                line = peertrace.describe(state.handle)
+            except RuntimeError:  # the handle went meanwhile
+                continue
+            trace_log.info("trace %s: %s", state.info_hash[:8], line)
 
     def _dispatch(self, alert: Any) -> None:
         if isinstance(alert, lt.state_update_alert):

@@ -1,0 +1,69 @@
+"""A trace of every torrent's peer connections, a line per torrent a second: for finding
+why one node of a fleet downloads slower than the others.
+
+Off unless the daemon's environment sets ``SWARM_TRACE_PEERS=1`` (``swarm fetch``
+passes its environment to the daemon it starts; ``bench/fleet.py --trace-peers`` sets
+it on every node). The lines go to the daemon's log, on the logger ``swarm.trace.peers``:
+
+    trace 0213e8ec: held 37/128 down 2350 up 4909 kB/s | 10.0.0.6:6881 45p useful 15
+    down 803 up 811 reqs 102 asked 0 I-i- | ...
+
+(the torrent by the first characters of its info-hash)
+
+per peer: its address, ``seed`` or the pieces it holds (``Np``), how many of those this
+node lacks (``useful``), libtorrent's payload rates from and to it (kB/s), the block
+requests this node has outstanding at it (``reqs``: libtorrent sizes that queue by
+``request_queue_time`` of the peer's rate, at least two) and those it asked of this node
+(``asked``), and four flags, a dash where one is not set (libtorrent's ``peer_info``
+flags): ``I`` this node is interested in the peer's pieces, ``C`` this node chokes the
+peer, ``i`` the peer is interested in this node's, ``c`` the peer chokes this node.
+Session 42 found so that a late node's queues to three of its peers had stayed at two
+blocks for 20 s, every peer unchoking it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+import libtorrent as lt
+
+TRACE_ENV: Final = "SWARM_TRACE_PEERS"
+TRACE_INTERVAL: Final = 1.0
+"""Seconds between two lines of one torrent."""
+
+
+def enabled() -> bool:
+    """Whether this process's environment asks for the trace."""
+    return os.environ.get(TRACE_ENV, "").strip() not in ("", "0")
+
+
+def _flags(flags: int) -> str:
+    marks = (
+        (lt.peer_info.interesting, "I"),
+        (lt.peer_info.choked, "C"),
+        (lt.peer_info.remote_interested, "i"),
+        (lt.peer_info.remote_choked, "c"),
+    )
+    return "".join(mark if flags & bit else "-" for bit, mark in marks)
+
+
+def describe(handle: Any) -> str:
+    """One torrent's line (see the module docstring): its status and its peers'."""
+    status = handle.status()
+    mine = status.pieces
+    parts = [
+        f"held {status.num_pieces}/{len(mine)} down {status.download_payload_rate / 1e3:.0f} "
+        f"up {status.upload_payload_rate / 1e3:.0f} kB/s"
+    ]
+    for peer in handle.get_peer_info():
+        theirs = peer.pieces
+        useful = sum(1 for have, held in zip(theirs, mine, strict=False) if have and not held)
+        holds = "seed" if peer.flags & lt.peer_info.seed else f"{peer.num_pieces}p"
+        parts.append(
+            f"{peer.ip[0]}:{peer.ip[1]} {holds} useful {useful} "
+            f"down {peer.down_speed / 1e3:.0f} up {peer.up_speed / 1e3:.0f} "
+            f"reqs {peer.download_queue_length} asked {peer.upload_queue_length} "
+            f"{_flags(peer.flags)}"
+        )
+    return " | ".join(parts)
