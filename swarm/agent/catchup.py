@@ -12,16 +12,19 @@ what that peer gives, so a starved connection stayed starved, and the node finis
 
 The remedy is local: once the node's progress trails its fetching peers' median by
 :data:`BEHIND`, its uploads for that torrent are held to :data:`UPLOAD_SHARE` of their
-rate (libtorrent's per-torrent limit, which gates what enters the sockets), until it has
-caught up to within :data:`CAUGHT_UP`. The peers ahead of it lose part of one uplink
-while they have the most to give each other.
+rate (libtorrent's per-torrent limit, which gates what enters the sockets), and its
+request queues are let grow (:data:`QUEUE_SECONDS`), until it has caught up to within
+:data:`CAUGHT_UP`. The peers ahead of it lose part of one uplink while they have the most
+to give each other.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Final
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,24 @@ UPLOAD_SHARE: Final = 0.5
 MIN_LIMIT: Final = 64 * 1024
 """Bytes/s below which the limit is not set (an upload rate that low queues nothing)."""
 
+QUEUE_SECONDS: Final = 5
+"""While the limit holds, libtorrent's ``request_queue_time`` (a session setting: a node
+is one session): each peer connection keeps this many seconds of what the peer gives in
+block requests, at least two (libtorrent's floor). Beside seeders it is otherwise one
+second (:data:`swarm.sources.ltsettings.AMONG_SEEDERS_SETTINGS`), and a node that fell
+behind in existing seeders at a quarter of the rates (the peers trace,
+:mod:`swarm.sources.peertrace`) kept two requests at three of its seven peers for 20 s,
+each sending it 45-140 KB/s, every peer unchoking it: a queue sized by a slow rate keeps
+the rate slow. Ten alternating pairs (toggled within one build, ``bench/fleet.py
+--systems swarm --scenario existing-seeders --rate-scale 0.25``): 26.80-30.19 s (mean
+28.46, the last node 0.0-3.2 s after the next, mean 0.8) against 27.11-33.28 (29.36,
+three runs over 31 s, the last node 0.1-4.8 s after the next, mean 1.7), faster in six;
+the typical node unchanged (medians 25.8-26.4 both ways). Mixed at a quarter, three
+pairs: 35.56, 35.45, 35.57 s against 34.92, 36.03, 35.52."""
+
+CATCH_UP_SETTINGS: Final[dict[str, int | bool]] = {"request_queue_time": QUEUE_SECONDS}
+"""libtorrent's settings while a fetch is held back (:class:`CatchUp`'s ``tuned``)."""
+
 
 def lag(own: float, peers: Iterable[Any]) -> float | None:
     """How far ``own`` progress (0..1) trails the median of the fetching peers' (those
@@ -50,12 +71,20 @@ def lag(own: float, peers: Iterable[Any]) -> float | None:
 
 
 class CatchUp:
-    """Follows one fetching torrent; :meth:`step` sets or lifts its upload limit."""
+    """Follows one fetching torrent; :meth:`step` sets or lifts its upload limit, and
+    holds ``tuned()`` (the session's :data:`CATCH_UP_SETTINGS`, if given) as long as the
+    limit."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, tuned: Callable[[], AbstractContextManager[object]] | None = None
+    ) -> None:
         self.name = name
         self.limit = 0
         """The upload limit set (bytes/s; 0: none)."""
+        self._tuned = tuned
+        self._tuning = ExitStack()
+        self._lock = threading.Lock()  # step (the daemon's watch) against end (a fetch's end)
+        self._ended = False
 
     def step(self, handle: Any, own: float, upload_rate: float) -> None:
         """Look again: ``own`` is this node's progress (pieces held over the count),
@@ -67,15 +96,28 @@ class CatchUp:
                 if limit >= MIN_LIMIT:
                     handle.set_upload_limit(limit)
                     self.limit = limit
-                    log.info("%s: %.0f%% behind the fleet: uploads held to %.0f kB/s so "
+                    if self._tuned is not None:
+                        with self._lock:
+                            if not self._ended:
+                                self._tuning.enter_context(self._tuned())
+                    log.info("%s: %.0f%% behind the fleet: uploads held to %.0f kB/s%s so "
                              "that its requests reach its peers", self.name, behind * 100,
-                             limit / 1e3)  # fmt: skip
+                             limit / 1e3, "" if self._tuned is None
+                             else f", request queues at {QUEUE_SECONDS} s")  # fmt: skip
         elif behind is None or behind < CAUGHT_UP:
             self.lift(handle)
 
     def lift(self, handle: Any) -> None:
         """Lift the limit (caught up, or the fetch is over)."""
+        with self._lock:
+            self._tuning.close()
         if self.limit:
             handle.set_upload_limit(-1)
             self.limit = 0
             log.info("%s: caught up with the fleet: uploads unlimited again", self.name)
+
+    def end(self) -> None:
+        """Let the session's tuning go for good (the fetch is over, however it ended)."""
+        with self._lock:
+            self._ended = True
+            self._tuning.close()

@@ -41,7 +41,7 @@ import libtorrent as lt
 
 from swarm import catalog
 from swarm.agent import registry, seedershare, treefs
-from swarm.agent.catchup import CatchUp
+from swarm.agent.catchup import CATCH_UP_SETTINGS, CatchUp
 from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
@@ -467,7 +467,9 @@ class Daemon:
         if status is None or artifact.plan is None:  # (only in a fleet with a coordinator)
             return
         if artifact.catch_up is None:
-            artifact.catch_up = CatchUp(artifact.manifest.name)
+            artifact.catch_up = CatchUp(
+                artifact.manifest.name, lambda: self.session.tuned(CATCH_UP_SETTINGS)
+            )
         with contextlib.suppress(RuntimeError):  # the handle went meanwhile
             artifact.catch_up.step(
                 state.handle, len(state.held) / state.count, status.upload_payload_rate

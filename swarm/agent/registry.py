@@ -202,6 +202,8 @@ class Artifact:
         after ``verified``, ``failure`` or ``cancel`` is set, so none is taken after."""
         with self._tunings_lock:
             self._tunings.close()
+            if self.catch_up is not None:
+                self.catch_up.end()
 
     def take_repair(self) -> list[int]:
         with self._repair_lock:

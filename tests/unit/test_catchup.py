@@ -8,8 +8,19 @@ from pathlib import Path
 
 import libtorrent as lt
 
-from swarm.agent.catchup import BEHIND, CAUGHT_UP, MIN_LIMIT, UPLOAD_SHARE, CatchUp, lag
+from swarm.agent.catchup import (
+    BEHIND,
+    CATCH_UP_SETTINGS,
+    CAUGHT_UP,
+    MIN_LIMIT,
+    QUEUE_SECONDS,
+    UPLOAD_SHARE,
+    CatchUp,
+    lag,
+)
 from swarm.manifest import Manifest
+from swarm.sources.ltsettings import AMONG_SEEDERS_SETTINGS
+from swarm.sources.peers import TorrentSession
 
 
 @dataclass
@@ -77,3 +88,38 @@ def test_no_limit_on_an_upload_too_slow_to_queue_anything(tmp_path: Path) -> Non
     t.peers = [Peer(0.9)]
     rule.step(t, 0.1, 1.9 * MIN_LIMIT)
     assert rule.limit == 0 and t.upload_limit() <= 0
+
+
+def test_a_node_behind_lets_its_request_queues_grow_until_it_has_caught_up(
+    tmp_path: Path,
+) -> None:
+    # the queue time is the session's (libtorrent's request_queue_time), over the tuning
+    # a fetch beside seeders holds, and back to that tuning's once caught up
+    t = torrent(tmp_path)
+    session = TorrentSession("127.0.0.1", 0, tmp_path / "resume")
+    try:
+
+        def queue_time() -> int:
+            return int(session.session.get_settings()["request_queue_time"])
+
+        beside_seeders = session.tuned(AMONG_SEEDERS_SETTINGS)
+        beside_seeders.__enter__()
+        before = queue_time()
+        assert before != QUEUE_SECONDS
+        rule = CatchUp("a.bin", lambda: session.tuned(CATCH_UP_SETTINGS))
+        t.peers = [Peer(0.6)]
+        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)
+        assert rule.limit and queue_time() == QUEUE_SECONDS
+        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # still behind: held once, not twice
+        rule.step(t, 0.6 - CAUGHT_UP + 0.01, 4e6)
+        assert rule.limit == 0 and queue_time() == before
+        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # behind again
+        assert queue_time() == QUEUE_SECONDS
+        rule.end()  # the fetch ended (failed, say) while behind
+        assert queue_time() == before
+        rule.lift(t)
+        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # a late look after the end: no tuning
+        assert queue_time() == before
+        beside_seeders.__exit__(None, None, None)
+    finally:
+        session.close()
