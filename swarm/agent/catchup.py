@@ -54,8 +54,8 @@ the rate slow. Ten alternating pairs (toggled within one build, ``bench/fleet.py
 --systems swarm --scenario existing-seeders --rate-scale 0.25``): 26.80-30.19 s (mean
 28.46, the last node 0.0-3.2 s after the next, mean 0.8) against 27.11-33.28 (29.36,
 three runs over 31 s, the last node 0.1-4.8 s after the next, mean 1.7), faster in six;
-the typical node unchanged (medians 25.8-26.4 both ways). Mixed at a quarter, three
-pairs: 35.56, 35.45, 35.57 s against 34.92, 36.03, 35.52."""
+the typical node unchanged (the runs' median nodes 25.96-26.61 s against 25.68-26.84).
+Mixed at a quarter, three pairs: 35.56, 35.45, 35.57 s against 34.92, 36.03, 35.52."""
 
 CATCH_UP_SETTINGS: Final[dict[str, int | bool]] = {"request_queue_time": QUEUE_SECONDS}
 """libtorrent's settings while a fetch is held back (:class:`CatchUp`'s ``tuned``)."""

@@ -29,7 +29,6 @@ from swarm.sources.ltsettings import DISK_IO, session_settings
 from swarm.tree import tree_renames
 
 log = logging.getLogger(__name__)
-trace_log = logging.getLogger("swarm.trace.peers")
 
 SOURCE = "peers"
 ALERT_WAIT_MS = 250
@@ -577,7 +576,7 @@ class TorrentSession:
                 line = peertrace.describe(state.handle)
             except RuntimeError:  # the handle went meanwhile
                 continue
-            trace_log.info("trace %s: %s", state.info_hash[:8], line)
+            peertrace.log.info("trace %s: %s", state.info_hash[:8], line)
 
     def _dispatch(self, alert: Any) -> None:
         if isinstance(alert, lt.state_update_alert):

@@ -23,10 +23,13 @@ blocks for 20 s, every peer unchoking it.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Final
 
 import libtorrent as lt
+
+log = logging.getLogger("swarm.trace.peers")
 
 TRACE_ENV: Final = "SWARM_TRACE_PEERS"
 TRACE_INTERVAL: Final = 1.0

@@ -3,6 +3,7 @@ limit on a real libtorrent torrent."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,24 +103,29 @@ def test_a_node_behind_lets_its_request_queues_grow_until_it_has_caught_up(
         def queue_time() -> int:
             return int(session.session.get_settings()["request_queue_time"])
 
-        beside_seeders = session.tuned(AMONG_SEEDERS_SETTINGS)
-        beside_seeders.__enter__()
-        before = queue_time()
-        assert before != QUEUE_SECONDS
-        rule = CatchUp("a.bin", lambda: session.tuned(CATCH_UP_SETTINGS))
-        t.peers = [Peer(0.6)]
-        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)
-        assert rule.limit and queue_time() == QUEUE_SECONDS
-        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # still behind: held once, not twice
-        rule.step(t, 0.6 - CAUGHT_UP + 0.01, 4e6)
-        assert rule.limit == 0 and queue_time() == before
-        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # behind again
-        assert queue_time() == QUEUE_SECONDS
-        rule.end()  # the fetch ended (failed, say) while behind
-        assert queue_time() == before
-        rule.lift(t)
-        rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # a late look after the end: no tuning
-        assert queue_time() == before
-        beside_seeders.__exit__(None, None, None)
+        tunings: list[int] = []  # one entry per tuning the rule took
+
+        def tuned() -> AbstractContextManager[object]:
+            tunings.append(1)
+            return session.tuned(CATCH_UP_SETTINGS)
+
+        with session.tuned(AMONG_SEEDERS_SETTINGS):
+            before = queue_time()
+            assert before != QUEUE_SECONDS
+            rule = CatchUp("a.bin", tuned)
+            t.peers = [Peer(0.6)]
+            rule.step(t, 0.6 - BEHIND - 0.01, 4e6)
+            assert rule.limit and queue_time() == QUEUE_SECONDS
+            rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # still behind: held once, not twice
+            assert len(tunings) == 1
+            rule.step(t, 0.6 - CAUGHT_UP + 0.01, 4e6)
+            assert rule.limit == 0 and queue_time() == before
+            rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # behind again
+            assert queue_time() == QUEUE_SECONDS
+            rule.end()  # the fetch ended (failed, say) while behind
+            assert queue_time() == before
+            rule.lift(t)
+            rule.step(t, 0.6 - BEHIND - 0.01, 4e6)  # a late look after the end: no tuning
+            assert queue_time() == before
     finally:
         session.close()
