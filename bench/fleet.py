@@ -116,6 +116,12 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
     for r in results:
         per_node = " ".join(f"{n.seconds:.1f}" for n in sorted(r.nodes, key=lambda n: n.node))
         lines.append(f"  {r.system} per node (s): {per_node}")
+        if r.links is not None:
+            first = "-" if r.links.first_bytes is None else f"{r.links.first_bytes:.2f} s"
+            lines.append(
+                f"  {r.system} links: first MB at {first}; until all done, node downlinks "
+                f"{r.links.down:.0%} used, uplinks {r.links.up:.0%}, origin {r.links.origin:.0%}"
+            )
         for note in r.notes:
             lines.append(f"  {r.system}: {note}")
         if r.system == "swarm":
@@ -136,7 +142,9 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         "headers included), in F, the mean over nodes; "
         "CPU-s/node/GiB: a node's CPU seconds (every process in its namespace, until all "
         "were done) per GiB; cpu avg: mean machine CPU use during the run (2 cores); "
-        "cpu sat: share of 1-s samples >= 95% busy"
+        "cpu sat: share of 1-s samples >= 95% busy; links: the bridge's counters, the nodes' "
+        "first MB (all nodes together) from the start, and each side's bytes over its "
+        "capacity at the configured rates from the start until all were done"
     )
     return "\n".join(lines)
 

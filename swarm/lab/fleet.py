@@ -40,6 +40,7 @@ from typing import Any
 from swarm.lab.coordinator import Coordinator
 from swarm.lab.fleetdata import FleetConfig, NodeResult, SystemResult
 from swarm.lab.jobs import CpuSampler, FleetError, Job, wait_jobs
+from swarm.lab.linkuse import LinkSampler, LinkUse, link_use
 from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
 from swarm.lab.procs import cpu_seconds
 from swarm.lab.s3 import S3Error, S3Server, publish
@@ -258,7 +259,7 @@ class Fleet:
                     slows_after, self.origin.set_rates, (slow_up, config.origin_down)
                 )
                 slowing.start()
-            with CpuSampler() as cpu:
+            with CpuSampler() as cpu, LinkSampler(self.lab.switch) as links:
                 for host in self.node_hosts:
                     node_dir = root / host.name
                     dest = node_dir / "dest"
@@ -277,6 +278,7 @@ class Fleet:
                     )
                 wait_jobs(jobs, config.timeout(), name)
             all_done = max(j.seconds for j in jobs)
+            use = self._link_use(links, started, all_done)
             received = {
                 host.name: host.rx_bytes() - received_before[host.name] for host in self.node_hosts
             }
@@ -317,12 +319,25 @@ class Fleet:
             notes.append(f"tbf drops (packets) during the run: {drops}")
         if self.wan is not None:
             notes.append(f"WAN during the run: {_wan_delta(wan_before, self.wan.stats())}")
+        if links.error:
+            notes.append(links.error)
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
         return SystemResult(
             name, all_done, nodes, origin_tx, config.bound(), config.size,
-            cpu.average, cpu.saturated, notes,
+            cpu.average, cpu.saturated, notes, use,
         )  # fmt: skip
+
+    def _link_use(self, links: LinkSampler, started: float, all_done: float) -> LinkUse | None:
+        """The run's links as :mod:`swarm.lab.linkuse` sums them (capacities at the
+        configured rates: s3-slows' origin counts its first rate throughout)."""
+
+        def rate(mbit: float) -> float:
+            return mbit * 1e6 / 8
+
+        nodes = {h.port: (rate(h.down_mbit), rate(h.up_mbit)) for h in self.node_hosts}
+        origin = (self.origin.port, rate(self.config.origin_up))
+        return link_use(links.samples, started, started + all_done, nodes, origin)
 
     def _node_cpu(self, job: Job, host: Host) -> float:
         """CPU seconds of ``job``'s node (``host``) so far: every process in its namespace

@@ -13,6 +13,7 @@ from typing import Any
 
 from swarm.config import origin_rate
 from swarm.coordinator.allocate import Allocation, Snapshot, allocate
+from swarm.lab.linkuse import LinkUse
 
 FAR_TCP_FLOWS = 4
 """TCP flows a client keeps across the WAN for :meth:`FleetConfig.far_tcp_seconds`
@@ -183,6 +184,8 @@ class SystemResult:
     cpu_busy_avg: float
     cpu_saturated_fraction: float
     notes: list[str] = field(default_factory=list)
+    links: LinkUse | None = None
+    """What the bridge's counters showed of the run (:mod:`swarm.lab.linkuse`)."""
 
     @property
     def median(self) -> float:
@@ -214,6 +217,7 @@ class SystemResult:
             "cpu_busy_avg": round(self.cpu_busy_avg, 2),
             "cpu_saturated": round(self.cpu_saturated_fraction, 2),
             "cpu_s_per_node_gib": round(cpu, 2) if cpu is not None else None,
+            "links": self.links.to_json() if self.links is not None else None,
         }
 
 

@@ -82,3 +82,9 @@ def test_swarm_bound_every_node_gets_the_artifact(fleet: Any) -> None:
         assert got >= fleet.config.size, (node.node, node.bytes_by_source)
     # no node reads the object more than about once from the origin
     assert result.origin_tx_bytes <= 1.1 * fleet.config.nodes * fleet.config.size
+    # the bench's link summary (swarm.lab.linkuse) saw the run as the origin's port did
+    use = result.links
+    assert use is not None and use.first_bytes is not None, fleet.config
+    sent = use.origin * result.all_done * 1000e6 / 8
+    assert sent == pytest.approx(result.origin_tx_bytes, rel=0.15)
+    assert 0 < use.down <= 1.05 and 0 <= use.up <= 1.05
