@@ -116,11 +116,14 @@ def link_use(
     """What ``samples`` (:class:`LinkSampler`'s) show of a run from ``started`` to
     ``ended`` (monotonic seconds): ``nodes`` maps each node's bridge port to its (down,
     up) capacity in bytes/s, ``origin`` is the origin's port and its upload capacity.
-    None without samples spanning the run."""
+    None without samples spanning the run, or of every one of those ports."""
     within = [(t, c) for t, c in samples if started - PERIOD <= t <= ended + PERIOD]
     if len(within) < 2 or ended <= started:
         return None
     first, last = within[0][1], within[-1][1]
+    ports = {*nodes, origin[0]}
+    if not all(ports <= set(c) for _, c in within):
+        return None
     span = ended - started
 
     def received(counters: Counters) -> int:

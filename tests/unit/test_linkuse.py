@@ -35,6 +35,11 @@ def test_no_summary_without_samples_across_the_run() -> None:
     assert link_use(only, 0.0, 1.0, {"n0": (1.0, 1.0)}, ("o", 1.0)) is None
 
 
+def test_no_summary_when_a_port_is_not_among_the_counters() -> None:
+    samples = [(0.0, {"n0": (0, 0), "o": (0, 0)}), (1.0, {"n0": (0, 10)})]
+    assert link_use(samples, 0.0, 1.0, {"n0": (1.0, 1.0)}, ("o", 1.0)) is None
+
+
 def test_first_bytes_is_none_when_the_nodes_received_too_little() -> None:
     samples = [(0.0, {"n0": (0, 0), "o": (0, 0)}), (1.0, {"n0": (0, 10), "o": (10, 0)})]
     use = link_use(samples, 0.0, 1.0, {"n0": (1.0, 1.0)}, ("o", 1.0))
