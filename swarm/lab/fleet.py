@@ -329,14 +329,13 @@ class Fleet:
         )  # fmt: skip
 
     def _link_use(self, links: LinkSampler, started: float, all_done: float) -> LinkUse | None:
-        """The run's links as :mod:`swarm.lab.linkuse` sums them (capacities at the
-        configured rates: s3-slows' origin counts its first rate throughout)."""
-
-        def rate(mbit: float) -> float:
-            return mbit * 1e6 / 8
-
-        nodes = {h.port: (rate(h.down_mbit), rate(h.up_mbit)) for h in self.node_hosts}
-        origin = (self.origin.port, rate(self.config.origin_up))
+        """The run's links as :mod:`swarm.lab.linkuse` sums them, every capacity at the
+        configured rate (s3-slows' origin counts its first rate throughout: the host's
+        own is the slowed one until the run's cleanup restores it)."""
+        config, byte_rate = self.config, 1e6 / 8
+        link = (config.node_down * byte_rate, config.node_up * byte_rate)
+        nodes = {host.port: link for host in self.node_hosts}
+        origin = (self.origin.port, config.origin_up * byte_rate)
         return link_use(links.samples, started, started + all_done, nodes, origin)
 
     def _node_cpu(self, job: Job, host: Host) -> float:
