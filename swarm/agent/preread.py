@@ -128,15 +128,6 @@ reading; a piece not in by then is left (the daemon reads it)."""
 READ_CHUNK: Final = 256 << 10
 """Bytes read at a time from a preread GET: how often it can be dropped."""
 
-SLOW_PIECE: Final = 1.0
-"""Seconds a preread piece may take at most (:meth:`_Flight.too_slow`): where S3 is the
-fleet's bottleneck (existing seeders at a quarter of their rates: 12.5 Mbit for eight
-nodes' sixteen reads, 10 s a piece) no piece landed before the handover, and the reads
-only held the origin's link (and the coordinator's replies behind it)."""
-
-SLOW_JUDGED: Final = 0.2
-"""Seconds of a piece before its rate is judged (the GET's first byte and TCP's start)."""
-
 FINISH_POLL: Final = 0.02
 """Seconds between looks at the pieces on their way, during the handover."""
 
@@ -158,14 +149,6 @@ class _Flight:
         self.got = 0
         self.since = time.monotonic()
         self.dropped = False
-
-    def too_slow(self, now: float) -> bool:
-        """Whether, judged after :data:`SLOW_JUDGED` seconds, the whole piece would take
-        more than :data:`SLOW_PIECE` at the rate it comes."""
-        spent = now - self.since
-        if spent < SLOW_JUDGED or self.got >= self.length:
-            return False
-        return self.length * spent / max(1, self.got) > SLOW_PIECE
 
     def lands_by(self, deadline: float, now: float) -> bool:
         """Whether it should be in by ``deadline`` at the rate it has come so far."""
@@ -308,13 +291,12 @@ class DataPreread:
             client.close()
             os.close(fd)
 
+    @staticmethod
     def _read_piece(
-        self, client: Any, manifest: Manifest, index: int, flight: _Flight
+        client: Any, manifest: Manifest, index: int, flight: _Flight
     ) -> bytearray | None:
         """The piece, read a chunk at a time so that :meth:`finish` can see how far it
-        is and drop it (None: dropped). A piece that would take more than
-        :data:`SLOW_PIECE` ends the preread: S3 gives these readers together too little
-        for any piece to land before the daemons serve."""
+        is and drop it (None: dropped)."""
         offset, length = manifest.layout.offset(index), flight.length
         answer = client.get_object(
             Bucket=manifest.bucket, Key=manifest.key, Range=f"bytes={offset}-{offset + length - 1}"
@@ -330,10 +312,6 @@ class DataPreread:
                     return None  # a short answer: the daemon reads the piece
                 data += chunk
                 flight.got = len(data)
-                if flight.too_slow(time.monotonic()):
-                    log.debug("data read ahead stopped: S3 too slow for a piece by the handover")
-                    self._stop.set()
-                    return None
         finally:
             body.close()
         return data
