@@ -72,15 +72,6 @@ def _optional_str(body: dict[str, Any], name: str) -> str | None:
     return value or None
 
 
-def _seconds(value: object) -> float:
-    """A duration in a request: a finite number of seconds, at least 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UsageError(f"swarm: bad fetch request: expected seconds, got {value!r}")
-    if not 0 <= value < float("inf"):
-        raise UsageError(f"swarm: bad fetch request: seconds out of range: {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class FetchRequest:
     """``POST /v1/fetch``: what ``swarm fetch`` asks of its node's daemon.
@@ -98,10 +89,9 @@ class FetchRequest:
         manifest: the artifact's manifest (its JSON text) as ``swarm fetch`` read it
             while the daemon it started came up; the daemon checks it as one it reads
             itself (and its signature, with a fleet secret). None: the daemon reads it.
-        preread, preread_pieces, preread_seconds: a staging file in the daemon's home,
-            the pieces ``swarm fetch`` wrote into it from S3 while the daemon came up
-            (:mod:`swarm.agent.preread`; the daemon checks each before it keeps it), and
-            the seconds from its first GET to its last piece (the fetch began with them).
+        preread, preread_pieces: a staging file in the daemon's home and the pieces
+            ``swarm fetch`` wrote into it from S3 while the daemon came up
+            (:mod:`swarm.agent.preread`); the daemon checks each before it keeps it.
     """
 
     source: str
@@ -116,7 +106,6 @@ class FetchRequest:
     manifest: str | None = None
     preread: str | None = None
     preread_pieces: tuple[int, ...] = ()
-    preread_seconds: float = 0.0
 
     @classmethod
     def from_json(cls, body: object) -> FetchRequest:
@@ -151,7 +140,6 @@ class FetchRequest:
             manifest=_optional_str(body, "manifest"),
             preread=_optional_str(body, "preread"),
             preread_pieces=tuple(pieces),
-            preread_seconds=_seconds(body.get("preread_seconds", 0.0)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -204,9 +192,6 @@ class ArtifactStatus:
     s3_streamed: int | None = None
     """Bytes the S3 reader has received, counted as they stream in, not per piece stored
     (None: it never started)."""
-    s3_alone: float | None = None
-    """Bytes/s S3 gave the node while it read nothing else: ``swarm fetch``'s reads while
-    the daemon started (:mod:`swarm.agent.preread`; None: none)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

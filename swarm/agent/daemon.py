@@ -357,7 +357,6 @@ class Daemon:
         if artifact is not None and artifact.verified.is_set():
             self.watch_one(artifact)  # deleted a moment ago? then it is fetched anew
             artifact = self.artifacts.get(manifest.info_hash)
-        new = artifact is None
         if artifact is None:
             lock = None
             if dest is not None:
@@ -385,8 +384,8 @@ class Daemon:
             handle.set_flags(lt.torrent_flags.upload_mode)
         else:
             handle.unset_flags(lt.torrent_flags.upload_mode)
-        if new and request.preread is not None:
-            preread.adopt(artifact, self.home, request)
+        if request.preread is not None and not artifact.sink.complete():
+            preread.adopt(artifact.sink, self.home, request.preread, request.preread_pieces)
         if not artifact.sink.complete():
             for name in sorted(sources - {"peers"}):
                 self._start_source(artifact, name)

@@ -20,14 +20,12 @@ import random
 import re
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from swarm.agent.registry import Artifact
+    from swarm.agent.hybrid import TorrentSink
     from swarm.manifest import Manifest
-    from swarm.messages import FetchRequest
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +123,6 @@ HANDOVER_WAIT: Final = 0.5
 """Seconds ``swarm fetch`` waits, once its daemon serves, for the pieces it is still
 reading; a piece not in by then is left (the daemon reads it)."""
 
-READ_CHUNK: Final = 256 << 10
-"""Bytes read at a time from a preread GET: how often it can be dropped."""
-
-FINISH_POLL: Final = 0.02
-"""Seconds between looks at the pieces on their way, during the handover."""
-
 MANIFEST_WAIT: Final = 30.0
 """Seconds the data preread waits for the manifest (it ends at the handover anyway)."""
 
@@ -139,35 +131,6 @@ _STAGING_NAME = re.compile(r"([0-9a-f]{40})\.([0-9]+)")
 
 def staging_dir(home: Path) -> Path:
     return home / PREREAD_DIR
-
-
-class _Flight:
-    """A piece on its way to the staging file."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-        self.got = 0
-        self.since = time.monotonic()
-        self.dropped = False
-
-    def lands_by(self, deadline: float, now: float) -> bool:
-        """Whether it should be in by ``deadline`` at the rate it has come so far."""
-        left = self.length - self.got
-        if left <= 0:
-            return True
-        if self.got <= 0:
-            return False
-        return now + left * (now - self.since) / self.got <= deadline
-
-
-@dataclass(frozen=True)
-class Staged:
-    """What a :class:`DataPreread` handed over: its staging file, the pieces in it, and
-    the seconds from its first GET to its last piece (S3's rate is theirs over these)."""
-
-    path: str
-    pieces: tuple[int, ...]
-    seconds: float
 
 
 class DataPreread:
@@ -197,9 +160,6 @@ class DataPreread:
         self._done: list[int] = []
         self._order: list[int] = []
         self._next = 0
-        self._flights: list[_Flight] = []
-        self._first_get: float | None = None
-        self._last_done = 0.0
         self._streams: list[threading.Thread] = []
         self._started = threading.Event()
         """Set once the streams run (or will not)."""
@@ -267,54 +227,29 @@ class DataPreread:
                         return
                     index = self._order[self._next]
                     self._next += 1
-                    if self._first_get is None:
-                        self._first_get = time.monotonic()
-                    flight = _Flight(layout.length(index))
-                    self._flights.append(flight)
+                offset, length = layout.offset(index), layout.length(index)
+                answer = client.get_object(
+                    Bucket=manifest.bucket,
+                    Key=manifest.key,
+                    Range=f"bytes={offset}-{offset + length - 1}",
+                )
+                body = answer["Body"]
                 try:
-                    data = self._read_piece(client, manifest, index, flight)
+                    data = body.read(length)
                 finally:
-                    with self._lock:
-                        self._flights.remove(flight)
-                if data is None:
+                    body.close()
+                if len(data) != length:
                     return
-                offset = layout.offset(index)
                 view = memoryview(data)
                 while view:
-                    view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
+                    view = view[os.pwrite(fd, view, offset + length - len(view)) :]
                 with self._lock:
                     self._done.append(index)
-                    self._last_done = time.monotonic()
         except Exception as error:  # S3 or the disk said no: the daemon reads the rest
             log.debug("data read ahead stopped: %s", error)
         finally:
             client.close()
             os.close(fd)
-
-    @staticmethod
-    def _read_piece(
-        client: Any, manifest: Manifest, index: int, flight: _Flight
-    ) -> bytearray | None:
-        """The piece, read a chunk at a time so that :meth:`finish` can see how far it
-        is and drop it (None: dropped)."""
-        offset, length = manifest.layout.offset(index), flight.length
-        answer = client.get_object(
-            Bucket=manifest.bucket, Key=manifest.key, Range=f"bytes={offset}-{offset + length - 1}"
-        )
-        body = answer["Body"]
-        data = bytearray()
-        try:
-            while len(data) < length:
-                if flight.dropped:
-                    return None
-                chunk = body.read(min(READ_CHUNK, length - len(data)))
-                if not chunk:
-                    return None  # a short answer: the daemon reads the piece
-                data += chunk
-                flight.got = len(data)
-        finally:
-            body.close()
-        return data
 
     @property
     def done(self) -> tuple[int, ...]:
@@ -322,31 +257,19 @@ class DataPreread:
         with self._lock:
             return tuple(self._done)
 
-    def finish(self, wait: float = HANDOVER_WAIT) -> Staged | None:
-        """Stop taking pieces; wait up to ``wait`` seconds for those on their way that
-        will land by then at the rate they come, and drop the others (the daemon reads
-        them: a slow origin's reads, 5 s a piece, went on competing with it for 10 s);
-        return what the staging file holds (None: nothing)."""
+    def finish(self, wait: float = HANDOVER_WAIT) -> tuple[str, tuple[int, ...]] | None:
+        """Stop taking pieces, wait up to ``wait`` seconds for those on their way, and
+        return the staging file and the pieces in it (None: none)."""
         self._stop.set()
         deadline = time.monotonic() + wait
         self._started.wait(wait)
-        while True:
-            now = time.monotonic()
-            with self._lock:
-                for flight in self._flights:
-                    if not flight.lands_by(deadline, now):
-                        flight.dropped = True
-                waiting = [f for f in self._flights if not f.dropped]
-            if not waiting or now >= deadline:
-                break
-            time.sleep(min(FINISH_POLL, deadline - now))
+        for thread in self._streams if self._started.is_set() else []:
+            thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            for flight in self._flights:
-                flight.dropped = True
             done = tuple(sorted(self._done))
-            if self.path is None or not done or self._first_get is None:
+            if self.path is None or not done:
                 return None
-            return Staged(str(self.path), done, self._last_done - self._first_get)
+            return str(self.path), done
 
     def discard(self) -> None:
         """Remove the staging file (once the daemon has taken its pieces, or on failure)."""
@@ -376,25 +299,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def adopt(artifact: Artifact, home: Path, request: FetchRequest) -> int:
-    """Offer the pieces of the request's staging file (:class:`DataPreread`) to the new
-    artifact's torrent, which checks each one's SHA-1 before it keeps it; returns how many
-    it kept. The fetch began with the preread's first GET: its clock and the S3 reader's
-    busy seconds count from there, so the node's first report shows what S3 gave it
-    alone. A staging file outside the home's preread folder, or of another artifact, is
-    refused: the request names a path, and the daemon reads only its own."""
+def adopt(sink: TorrentSink, home: Path, staging: str, pieces: tuple[int, ...]) -> int:
+    """Offer the pieces of a staging file (:class:`DataPreread`) to the torrent, which
+    checks each one's SHA-1 before it keeps it; returns how many it kept. A staging file
+    outside the home's preread folder, or of another artifact, is refused: the request
+    names a path, and the daemon reads only its own."""
     from swarm.errors import UsageError
 
-    sink = artifact.sink
-    staging = str(request.preread)
     path = Path(staging)
     match = _STAGING_NAME.fullmatch(path.name)
     if path.parent != staging_dir(home) or match is None or match.group(1) != sink.info_hash:
         raise UsageError(f"swarm: {staging} is not a staging file of this artifact in {home}")
     layout = sink.manifest.layout
-    wanted = sorted(
-        {i for i in request.preread_pieces if 0 <= i < layout.count and not sink.have(i)}
-    )
+    wanted = sorted({i for i in pieces if 0 <= i < layout.count and not sink.have(i)})
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as error:  # swarm fetch gave up meanwhile: the sources read them
@@ -407,16 +324,8 @@ def adopt(artifact: Artifact, home: Path, request: FetchRequest) -> int:
     finally:
         os.close(fd)
     kept = len(wanted) - sink.settle(wanted)
-    seconds = request.preread_seconds
-    if kept and seconds > 0:
-        streamed = sum(layout.length(i) for i in wanted)  # kept or not, S3 sent them
-        artifact.started = min(artifact.started, time.monotonic() - seconds)
-        artifact.s3_busy.add(seconds)
-        artifact.s3_streamed.add(streamed)
-        artifact.s3_alone = streamed / seconds
     log.info(
-        "%s: %d of %d pieces as swarm fetch read them from S3 in %.2f s while this daemon "
-        "started",
-        sink.manifest.name, kept, len(wanted), request.preread_seconds,
+        "%s: %d of %d pieces as swarm fetch read them from S3 while this daemon started",
+        sink.manifest.name, kept, len(wanted),
     )  # fmt: skip
     return kept

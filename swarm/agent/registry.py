@@ -58,11 +58,6 @@ class BusyClock:
                 self._total += time.monotonic() - self._since
                 self._since = None
 
-    def add(self, seconds: float) -> None:
-        """Count ``seconds`` spent elsewhere (swarm fetch's reads before the handover)."""
-        with self._lock:
-            self._total += max(0.0, seconds)
-
     def seconds(self) -> float:
         with self._lock:
             running = time.monotonic() - self._since if self._since is not None else 0.0
@@ -142,8 +137,6 @@ class Artifact:
     s3_busy: BusyClock = field(default_factory=BusyClock)
     """How long the S3 reader has been reading (reported: the coordinator's S3 rate)."""
     s3_streamed: ByteCount = field(default_factory=ByteCount)
-    s3_alone: float | None = None
-    """Bytes/s S3 gave the node while it read nothing else (swarm fetch's preread)."""
     """Bytes the S3 reader has received, counted as they stream in (reported: the
     coordinator's rates), where ``bytes_by_source`` counts whole pieces once stored."""
     s3_overtaken: ByteCount = field(default_factory=ByteCount)

@@ -231,9 +231,8 @@ def _fetch_with_daemon(
             coordinator=coordinator_flag,
             peers_from_asg=peers_from_asg,
             manifest=text,
-            preread=staged.path if staged else None,
-            preread_pieces=staged.pieces if staged else (),
-            preread_seconds=round(staged.seconds, 3) if staged else 0.0,
+            preread=staged[0] if staged else None,
+            preread_pieces=staged[1] if staged else (),
         )
         progress = DaemonProgress(use_json)
         try:

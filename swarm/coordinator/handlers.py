@@ -288,7 +288,6 @@ def plan_origin(
             uploaded=item.uploaded,
             node_at=item.elapsed,
             s3_busy=item.s3_busy,
-            s3_alone=item.s3_alone,
         )
         if plan.rates is not None:
             rates.append(plan.rates)

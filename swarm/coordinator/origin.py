@@ -190,21 +190,16 @@ class StripePlanner:
         uploaded: int | None = None,
         node_at: float | None = None,
         s3_busy: float | None = None,
-        s3_alone: float | None = None,
     ) -> OriginPlan:
         """Record ``node``'s report for one artifact; return its stripe and mode.
         ``interval``: the report interval the node was told (stalls scale with it);
         ``uploaded``: the node's upload counter, if it sends one; ``node_at``: the
         node's clock when it read its counters, if it sends one; ``s3_busy``: the
-        seconds its S3 reader has spent reading, if it sends them; ``s3_alone``: what S3
-        gave it while it read nothing else (before its daemon served), if it sends it."""
+        seconds its S3 reader has spent reading, if it sends them."""
         view = self.state.load(node, info_hash, piece_size, count)
         if view is None:  # past the state's bounds: the node decides alone
             return OriginPlan([], Mode.STRIPE, None)
-        first_alone = bool(s3_alone) and (view.rates is None or not view.rates.s3_alone)
-        rates = update_rates(
-            view.rates, counters, up_rate, now, uploaded, node_at, s3_busy, s3_alone
-        )
+        rates = update_rates(view.rates, counters, up_rate, now, uploaded, node_at, s3_busy)
         backlog = ((view.union | held) & ~held).bit_count() * piece_size
         self.capacity.update(
             node,
@@ -225,11 +220,7 @@ class StripePlanner:
             s3[node] = rates.down.get("s3", 0.0)
         self.capacity.note_origin(info_hash, sum(s3.values()))
         started = now - node_at if node_at is not None and node_at >= 0 else None
-        # the reads before the daemon served were the nodes' S3 rates at once (they
-        # started together), each with no peer on its link: counted once, with the
-        # report that first carries them
-        s3_rate = max(rates.s3_now, rates.s3_alone) if first_alone else rates.s3_now
-        self.capacity.note_s3(info_hash, node, s3_rate, now, counters.get("s3", 0), started)
+        self.capacity.note_s3(info_hash, node, rates.s3_now, now, counters.get("s3", 0), started)
         positive = [r for r in s3.values() if r > 0]
         current = statistics.median(positive) if positive else None
         dt = now - view.estimated_at if view.estimated_at is not None else 0.0

@@ -56,10 +56,6 @@ class NodeRates:
     its stripes in 0.3 s bursts, each followed by such a report (S3 peaks of 0: MIX)."""
     peak_at: float = -1.0
     """The coordinator's clock at that report (-1: :attr:`at`)."""
-    s3_alone: float = 0.0
-    """Bytes/s S3 gave the node while it read nothing else, before its daemon served (0:
-    not sent): a sample of S3's rate and of the node's download capacity like an
-    interval's, taken with no peer on its link."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -77,7 +73,6 @@ class NodeRates:
             "s3_busy": self.s3_busy,
             "peak_counters": self.peak_counters,
             "peak_at": self.peak_at,
-            "s3_alone": self.s3_alone,
         }
 
     @classmethod
@@ -101,7 +96,6 @@ class NodeRates:
                 else None
             ),
             float(data.get("peak_at", -1.0)),  # type: ignore[arg-type]
-            float(data.get("s3_alone", 0.0)),  # type: ignore[arg-type]
         )
 
 
@@ -131,7 +125,6 @@ def update_rates(
     uploaded: int | None = None,
     node_at: float | None = None,
     s3_busy: float | None = None,
-    s3_alone: float | None = None,
 ) -> NodeRates:
     """The node's rates after a report with cumulative ``counters`` (and ``uploaded``)
     at ``now``; ``node_at``: the node's own clock for them, if it sent one; ``s3_busy``:
@@ -143,30 +136,7 @@ def update_rates(
     link) never showed that S3 had filled its links (MIX, never ALL, 2.3x T*). The S3
     rate of the moment is the interval's S3 bytes over the reader's busy seconds in it,
     where the node sends them: a stripe read in 0.7 s of a second still came at S3's
-    full rate (it is a lower bound of the node's download capacity too). ``s3_alone``
-    (what S3 gave the node before its daemon served, with no peer on its link) is a
-    sample of both peaks."""
-    rates = _update_rates(previous, counters, up_rate, now, uploaded, node_at, s3_busy)
-    alone = max(previous.s3_alone if previous else 0.0, rates.s3_alone, s3_alone or 0.0)
-    if not alone:
-        return rates
-    return replace(
-        rates,
-        s3_alone=alone,
-        s3_peak=max(rates.s3_peak, alone),
-        down_peak=max(rates.down_peak, alone),
-    )
-
-
-def _update_rates(
-    previous: NodeRates | None,
-    counters: dict[str, int],
-    up_rate: float,
-    now: float,
-    uploaded: int | None,
-    node_at: float | None,
-    s3_busy: float | None,
-) -> NodeRates:
+    full rate (it is a lower bound of the node's download capacity too)."""
     sent = -1 if uploaded is None else uploaded
     clock = -1.0 if node_at is None else node_at
     busy = -1.0 if s3_busy is None else s3_busy

@@ -127,9 +127,6 @@ class ArtifactReport:
     """Optional: bytes the node's S3 reader has received so far, counted as they stream
     in (a counter): the S3 counter the rates are measured with, where ``bytes_by_source``
     moves a whole piece at a time."""
-    s3_alone: float | None = None
-    """Optional: bytes/s S3 gave the node while it read nothing else, before its daemon
-    served (``swarm fetch``'s reads: :mod:`swarm.agent.preread`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -321,9 +318,6 @@ def _artifact(value: object, where: str) -> ArtifactReport:
         s3_streamed=None
         if body.get("s3_streamed") is None
         else _nonneg_int(body, "s3_streamed", where),
-        s3_alone=None
-        if body.get("s3_alone") is None
-        else _nonneg_float(body.get("s3_alone"), f"{where}.s3_alone"),
     )
 
 

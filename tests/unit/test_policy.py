@@ -16,7 +16,7 @@ from swarm.agent.hybrid import (
 from swarm.coordinator.capacity import PEERS_WARMUP
 from swarm.coordinator.origin import PEERS_CHANCE_SECONDS, StripePlanner
 from swarm.coordinator.planstate import bits
-from swarm.coordinator.rates import MIN_PEAK_INTERVAL, NodeRates, update_rates
+from swarm.coordinator.rates import MIN_PEAK_INTERVAL, update_rates
 from swarm.messages import OriginPlan
 from swarm.policy import (
     HOLD_SECONDS,
@@ -205,42 +205,6 @@ def test_s3_that_fed_every_link_at_once_means_all_before_the_stripes_are_spread(
     assert Mode.ALL in modes(7 * MiB, 3.5 * MiB, 3.5 * MiB)
     # an origin of 6 MiB/s for six nodes of 7: a reader gets 1, peers relay the rest
     assert Mode.ALL not in modes(1 * MiB, 1 * MiB, 6 * MiB)
-
-
-def test_what_s3_gave_a_node_before_its_daemon_served_shows_it_fills_the_links():
-    """s3-fast with swarm fetch reading pieces while its daemon started: each node's
-    first report already counted them (S3 at link speed, no peer on the link), and from
-    then on S3 and peers shared every downlink: no interval showed S3 filling a link,
-    and the fleet read 70% from peers. ``s3_alone``, the rate of those reads, is the
-    sample the intervals lack. Where the origin is the bottleneck it says so too."""
-
-    def modes(alone: float | None, s3_then: float, peers: float) -> set[Mode]:
-        planner = StripePlanner(stripe_bytes=8 * MiB)
-        nodes = [f"n{i}" for i in range(6)]
-        seen: set[Mode] = set()
-        for t in range(0, 6):
-            for i, node in enumerate(nodes):
-                plan = planner.plan(
-                    node, "ab" * 20, piece_size=MiB, count=1024, held=0, complete=False,
-                    counters={"s3": int(3 * MiB + s3_then * t), "peers": int(peers * t)},
-                    up_rate=0.0, now=t + i / 100, s3_alone=alone,
-                )  # fmt: skip
-                seen.add(plan.mode)
-        return seen
-
-    # links of 7 MiB/s: 3 MiB read ahead at link speed, then S3 and peers share the link
-    assert Mode.ALL in modes(7 * MiB, 3.5 * MiB, 3.5 * MiB)
-    assert Mode.ALL not in modes(None, 3.5 * MiB, 3.5 * MiB)  # the sample it lacked
-    # an origin of 6 MiB/s for six nodes of 7: a reader got 1 before its daemon served
-    assert Mode.ALL not in modes(1 * MiB, 1 * MiB, 6 * MiB)
-
-
-def test_s3_alone_is_a_sample_of_both_peaks_and_stays():
-    first = update_rates(None, {"s3": 3 * MiB}, 0.0, 0.0, node_at=0.4, s3_busy=0.4, s3_alone=7e6)
-    assert first.s3_peak == first.down_peak == first.s3_alone == 7e6
-    later = update_rates(first, {"s3": 5 * MiB}, 0.0, 1.0, node_at=1.4, s3_busy=0.6)
-    assert later.s3_alone == 7e6 and later.s3_peak >= 7e6 and later.down_peak >= 7e6
-    assert NodeRates.from_json(later.to_json()) == later  # kept in the Redis plan state
 
 
 def test_origin_bound_start_neither_reads_all_nor_fills():
