@@ -89,9 +89,6 @@ class FetchRequest:
         manifest: the artifact's manifest (its JSON text) as ``swarm fetch`` read it
             while the daemon it started came up; the daemon checks it as one it reads
             itself (and its signature, with a fleet secret). None: the daemon reads it.
-        preread, preread_pieces: a staging file in the daemon's home and the pieces
-            ``swarm fetch`` wrote into it from S3 while the daemon came up
-            (:mod:`swarm.agent.preread`); the daemon checks each before it keeps it.
     """
 
     source: str
@@ -104,8 +101,6 @@ class FetchRequest:
     coordinator: str | None = None
     peers_from_asg: str | None = None
     manifest: str | None = None
-    preread: str | None = None
-    preread_pieces: tuple[int, ...] = ()
 
     @classmethod
     def from_json(cls, body: object) -> FetchRequest:
@@ -120,13 +115,6 @@ class FetchRequest:
         dest = _optional_str(body, "dest")
         if dest is not None and not dest.startswith("/"):
             raise UsageError(f"swarm: bad fetch request: dest must be absolute, got {dest!r}")
-        pieces = body.get("preread_pieces") or []
-        if not isinstance(pieces, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in pieces
-        ):
-            raise UsageError(
-                f"swarm: bad fetch request: preread_pieces must be integers, got {pieces!r}"
-            )
         return cls(
             source=source,
             dest=dest,
@@ -138,14 +126,11 @@ class FetchRequest:
             coordinator=_optional_str(body, "coordinator"),
             peers_from_asg=_optional_str(body, "peers_from_asg"),
             manifest=_optional_str(body, "manifest"),
-            preread=_optional_str(body, "preread"),
-            preread_pieces=tuple(pieces),
         )
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["sources"] = list(self.sources)
-        body["preread_pieces"] = list(self.preread_pieces)
         return body
 
 

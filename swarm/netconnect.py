@@ -11,7 +11,7 @@ al., "Low Latency via Redundancy", CoNEXT 2013): both are lost together at about
 where one was at 1%. The loser is closed at once; a server sees a connection that ends
 before its first byte. Used where a far node's start waits on a connect: its reports
 (the first brings its plan) and its UDP sessions' control connections; ``swarm fetch``
-already reads the manifest twice at once (``swarm.agent.preread.ManifestPreread``).
+already reads the manifest twice at once (``ManifestPreread``).
 """
 
 from __future__ import annotations

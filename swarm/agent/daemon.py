@@ -40,7 +40,7 @@ from typing import Any
 import libtorrent as lt
 
 from swarm import catalog
-from swarm.agent import preread, registry, seedershare, treefs
+from swarm.agent import registry, seedershare, treefs
 from swarm.agent.catchup import CATCH_UP_SETTINGS, CatchUp
 from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
@@ -384,8 +384,6 @@ class Daemon:
             handle.set_flags(lt.torrent_flags.upload_mode)
         else:
             handle.unset_flags(lt.torrent_flags.upload_mode)
-        if request.preread is not None and not artifact.sink.complete():
-            preread.adopt(artifact.sink, self.home, request.preread, request.preread_pieces)
         if not artifact.sink.complete():
             for name in sorted(sources - {"peers"}):
                 self._start_source(artifact, name)

@@ -191,8 +191,7 @@ def _fetch_with_daemon(
     copy: bool = False,
     coordinator_flag: str | None = None,
 ) -> dict[str, Any]:
-    from swarm.agent.client import ensure_daemon, fetch_via_daemon
-    from swarm.agent.preread import DataPreread, ManifestPreread
+    from swarm.agent.client import ManifestPreread, ensure_daemon, fetch_via_daemon
     from swarm.agent.store import check_dest
     from swarm.fleetauth import fleet_token
     from swarm.messages import SOURCES, FetchRequest
@@ -201,49 +200,35 @@ def _fetch_with_daemon(
     dest = dest.absolute()
     check_dest(dest, directory_ok=True)  # the daemon checks again once it knows the artifact
     token = fleet_token(settings.secret) if settings.secret else None
-    asked = tuple(dict.fromkeys(sources)) or SOURCES
-    manifest: list[ManifestPreread] = []
-    data: list[DataPreread] = []
+    preread: list[ManifestPreread] = []
 
     def read_ahead() -> None:  # while the daemon this command starts comes up
-        manifest.append(
+        preread.append(
             ManifestPreread(source, settings.catalog, settings.endpoint_url, settings.secret)
         )
-        if "s3" in asked:
-            data.append(
-                DataPreread(manifest[0], settings.home, settings.endpoint_url, settings.secret)
-            )
 
+    client = ensure_daemon(
+        settings.home, listen, settings.coordinator, peers_from_asg, token, read_ahead
+    )
+    request = FetchRequest(
+        source=source,
+        dest=str(dest),
+        copy=copy,
+        catalog=settings.catalog,
+        endpoint_url=settings.endpoint_url,
+        sources=tuple(dict.fromkeys(sources)) or SOURCES,
+        listen=listen,
+        coordinator=coordinator_flag,
+        peers_from_asg=peers_from_asg,
+        manifest=preread[0].result() if preread else None,
+    )
+    progress = DaemonProgress(use_json)
     try:
-        client = ensure_daemon(
-            settings.home, listen, settings.coordinator, peers_from_asg, token, read_ahead
+        status = fetch_via_daemon(
+            client, request, dest, deadline=deadline, on_status=progress.update
         )
-        text = manifest[0].result() if manifest else None
-        staged = data[0].finish() if data and text is not None else None
-        request = FetchRequest(
-            source=source,
-            dest=str(dest),
-            copy=copy,
-            catalog=settings.catalog,
-            endpoint_url=settings.endpoint_url,
-            sources=asked,
-            listen=listen,
-            coordinator=coordinator_flag,
-            peers_from_asg=peers_from_asg,
-            manifest=text,
-            preread=staged[0] if staged else None,
-            preread_pieces=staged[1] if staged else (),
-        )
-        progress = DaemonProgress(use_json)
-        try:
-            status = fetch_via_daemon(
-                client, request, dest, deadline=deadline, on_status=progress.update
-            )
-        finally:
-            progress.stop()
     finally:
-        if data:
-            data[0].discard()
+        progress.stop()
     return {
         "name": status["name"],
         "dest": str(dest),
