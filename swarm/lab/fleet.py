@@ -40,7 +40,7 @@ from typing import Any
 from swarm.lab.coordinator import Coordinator
 from swarm.lab.fleetdata import FleetConfig, NodeResult, SystemResult
 from swarm.lab.jobs import CpuSampler, FleetError, Job, wait_jobs
-from swarm.lab.linkuse import LinkSampler, LinkUse, link_use
+from swarm.lab.linkuse import LinkSampler, LinkUse, link_use, save_samples
 from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
 from swarm.lab.procs import cpu_seconds
 from swarm.lab.s3 import S3Error, S3Server, publish
@@ -279,6 +279,10 @@ class Fleet:
                 wait_jobs(jobs, config.timeout(), name)
             all_done = max(j.seconds for j in jobs)
             use = self._link_use(links, started, all_done)
+            if self.keep:  # for bench/timeline.py
+                hosts = [self.origin, *self.seeder_hosts, *self.node_hosts]
+                ports = {host.name: host.port for host in hosts}
+                save_samples(root / "links.json", links.samples, started, ports)
             received = {
                 host.name: host.rx_bytes() - received_before[host.name] for host in self.node_hosts
             }

@@ -14,11 +14,13 @@ holds for the calling thread alone) and reads its ``/proc/thread-self/net/dev`` 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 PERIOD: Final = 0.1
@@ -137,3 +139,55 @@ def link_use(
     port, capacity = origin
     sent = last[port][0] - first[port][0]
     return LinkUse(first_bytes, down, up, sent / (span * capacity))
+
+
+def save_samples(
+    path: Path, samples: Sequence[tuple[float, Counters]], started: float, ports: Mapping[str, str]
+) -> None:
+    """Write a run's samples for :func:`load_samples` (``bench/timeline.py``): their times
+    from ``started``, the wall clock then (the daemons' logs are on it), and each host's
+    bridge port by host name."""
+    wall = time.time() - (time.monotonic() - started)
+    body = {
+        "wall_at_start": wall,
+        "ports": dict(ports),
+        "samples": [[round(t - started, 4), c] for t, c in samples],
+    }
+    path.write_text(json.dumps(body))
+
+
+def load_samples(path: Path) -> tuple[float, dict[str, str], list[tuple[float, Counters]]]:
+    """A run's samples as :func:`save_samples` wrote them: the wall clock at its start,
+    the ports by host name, and the samples, timed from the start."""
+    body = json.loads(path.read_text())
+    samples = [
+        (float(t), {p: (int(r), int(x)) for p, (r, x) in c.items()}) for t, c in body["samples"]
+    ]
+    return float(body["wall_at_start"]), dict(body["ports"]), samples
+
+
+def rates(
+    samples: Sequence[tuple[float, Counters]], ports: Mapping[str, str], step: float
+) -> list[tuple[float, dict[str, tuple[float, float]]]]:
+    """Each named host's (received, sent) bytes/s over consecutive windows of at least
+    ``step`` seconds, each row timed at its window's end (the samples' clock). A host's
+    received bytes are its bridge port's tx."""
+    rows: list[tuple[float, dict[str, tuple[float, float]]]] = []
+    if not samples:
+        return rows
+    base_t, base = samples[0]
+    for t, counters in samples[1:]:
+        if t - base_t < step - 1e-9:
+            continue
+        span = t - base_t
+        row = {
+            name: (
+                (counters[port][1] - base[port][1]) / span,
+                (counters[port][0] - base[port][0]) / span,
+            )
+            for name, port in ports.items()
+            if port in counters and port in base
+        }
+        rows.append((t, row))
+        base_t, base = t, counters
+    return rows

@@ -3,9 +3,19 @@ of each side's capacity it used, from the bridge's counters."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
-from swarm.lab.linkuse import FIRST_BYTES, link_use, read_net_dev
+from swarm.lab.linkuse import (
+    FIRST_BYTES,
+    link_use,
+    load_samples,
+    rates,
+    read_net_dev,
+    save_samples,
+)
 
 MB = 1_000_000
 
@@ -49,3 +59,29 @@ def test_first_bytes_is_none_when_the_nodes_received_too_little() -> None:
 def test_reads_this_namespaces_interfaces() -> None:
     counters = read_net_dev("/proc/self/net/dev")
     assert "lo" in counters and all(rx >= 0 and tx >= 0 for rx, tx in counters.values())
+
+
+def test_rates_per_window_for_the_timeline(tmp_path: Path) -> None:
+    """bench/timeline.py's rows: each host's received (its port's tx) and sent (rx)
+    bytes/s over windows of at least ``step``, through the file --keep leaves."""
+    ports = {"node0": "p0", "origin": "po"}
+    samples = [
+        (50.0, {"p0": (0, 0), "po": (0, 0)}),
+        (50.1, {"p0": (1 * MB, 3 * MB), "po": (3 * MB, 0)}),
+        (50.2, {"p0": (2 * MB, 6 * MB), "po": (6 * MB, 0)}),
+        (50.3, {"p0": (2 * MB, 6 * MB), "po": (6 * MB, 0)}),  # idle
+        (50.4, {"p0": (4 * MB, 7 * MB), "po": (7 * MB, 0)}),
+    ]
+    path = tmp_path / "links.json"
+    save_samples(path, samples, 50.0, ports)
+    wall, loaded_ports, loaded = load_samples(path)
+    assert loaded_ports == ports
+    assert [t for t, _ in loaded] == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    # the wall clock at the start (the daemons' logs are on it)
+    assert wall == pytest.approx(time.time() - (time.monotonic() - 50.0), abs=1.0)
+    rows = rates(loaded, ports, step=0.2)
+    assert [t for t, _ in rows] == pytest.approx([0.2, 0.4])
+    first, second = rows[0][1], rows[1][1]
+    assert first["node0"] == pytest.approx((30 * MB, 10 * MB))  # received 6 MB, sent 2
+    assert first["origin"] == pytest.approx((0, 30 * MB))
+    assert second["node0"] == pytest.approx((5 * MB, 10 * MB))
