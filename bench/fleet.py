@@ -254,8 +254,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="keep the work directory (node logs; for swarm the coordinator's /v1/fleet "
-        "every 0.5 s in fleet-trace.jsonl and its debug log, each allocation's inputs)",
+        help="keep the work directory (node logs; each system's link counters every 0.1 s "
+        "in links.json, for bench/timeline.py; for swarm the coordinator's /v1/fleet every "
+        "0.5 s in fleet-trace.jsonl and its debug log, each allocation's inputs)",
     )
     parser.add_argument(
         "--trace-peers",
