@@ -11,11 +11,11 @@ what that peer gives, so a starved connection stayed starved, and the node finis
 3-6 s after the fleet's median, for 10-25 s at a third of what its peers got.
 
 The remedy is local: once the node's progress trails its fetching peers' median by
-:data:`BEHIND`, its uploads for that torrent are held to :data:`UPLOAD_SHARE` of their
-rate (libtorrent's per-torrent limit, which gates what enters the sockets), and its
-request queues are let grow (:data:`QUEUE_SECONDS`), until it has caught up to within
-:data:`CAUGHT_UP`. The peers ahead of it lose part of one uplink while they have the most
-to give each other.
+:data:`BEHIND` (or by :data:`EARLY_BEHIND` and falling further behind), its uploads for
+that torrent are held to :data:`UPLOAD_SHARE` of their rate (libtorrent's per-torrent
+limit, which gates what enters the sockets), and its request queues are let grow
+(:data:`QUEUE_SECONDS`), until it has caught up to within :data:`CAUGHT_UP`. The peers
+ahead of it lose part of one uplink while they have the most to give each other.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Final
@@ -35,6 +37,26 @@ before it holds its uploads back."""
 
 CAUGHT_UP: Final = 0.04
 """...and the share within which it has caught up (the limit is lifted)."""
+
+EARLY_BEHIND: Final = 0.03
+"""A node trailing by this share whose lag grew by :data:`GROWING` over the last
+:data:`GROWTH_SECONDS` is falling behind: it holds back at once, and lets go at half the
+lag it held back at (or :data:`CAUGHT_UP`, the lesser). Existing seeders at a quarter of
+the rates (``bench/timeline.py`` on a kept run): one node received 3.7-5.0 MB/s of its
+6.25 for 11 s while the others had 6.0, and was 10% behind only at the end of it; two
+others at 2.0-5.4 MB/s for 8 s. Four alternating pairs (toggled within one build,
+``bench/fleet.py --systems swarm --scenario existing-seeders --rate-scale 0.25``):
+28.71, 27.42, 27.63, 27.86 s (the last node 0.25-1.24 s after the median, mean 0.87)
+against 29.16, 29.01, 29.02, 26.44 (0.71-2.78, mean 1.87); the median node 26.62-27.65
+against 25.73-27.26 (holding more nodes' uploads costs the others). Mixed at a quarter,
+three pairs: 34.95, 35.02, 36.02 s against 35.69, 36.36, 34.91."""
+
+GROWING: Final = 0.02
+"""Share of the artifact the lag must grow by over :data:`GROWTH_SECONDS`: 0.7% a second,
+a node getting ~4.4 of 6.25 MB/s while its peers get 6.0 (a seeders' fleet at a
+quarter); a steady lag under :data:`BEHIND` never engages."""
+
+GROWTH_SECONDS: Final = 3.0
 
 UPLOAD_SHARE: Final = 0.5
 """The limit: this share of the torrent's upload rate when the node fell behind."""
@@ -85,17 +107,37 @@ class CatchUp:
         self._tuning = ExitStack()
         self._lock = threading.Lock()  # step (the daemon's watch) against end (a fetch's end)
         self._ended = False
+        self._lags: deque[tuple[float, float]] = deque()
+        self._release = CAUGHT_UP
 
-    def step(self, handle: Any, own: float, upload_rate: float) -> None:
+    def _falling_behind(self, behind: float | None, now: float) -> bool:
+        """The lag is :data:`EARLY_BEHIND` or more and grew by :data:`GROWING` over the
+        last :data:`GROWTH_SECONDS`."""
+        if behind is None:
+            self._lags.clear()
+            return False
+        self._lags.append((now, behind))
+        while len(self._lags) > 1 and now - self._lags[1][0] >= GROWTH_SECONDS:
+            self._lags.popleft()
+        then, before = self._lags[0]
+        return (
+            behind >= EARLY_BEHIND
+            and now - then >= GROWTH_SECONDS
+            and behind - before >= GROWING
+        )
+
+    def step(self, handle: Any, own: float, upload_rate: float, now: float | None = None) -> None:
         """Look again: ``own`` is this node's progress (pieces held over the count),
         ``upload_rate`` the torrent's upload payload rate (bytes/s)."""
         behind = lag(own, handle.get_peer_info())
+        falling = self._falling_behind(behind, time.monotonic() if now is None else now)
         if not self.limit:
-            if behind is not None and behind >= BEHIND:
+            if behind is not None and (behind >= BEHIND or falling):
                 limit = int(UPLOAD_SHARE * upload_rate)
                 if limit >= MIN_LIMIT:
                     handle.set_upload_limit(limit)
                     self.limit = limit
+                    self._release = min(CAUGHT_UP, behind / 2)
                     if self._tuned is not None:
                         with self._lock:
                             if not self._ended:
@@ -104,7 +146,7 @@ class CatchUp:
                              "that its requests reach its peers", self.name, behind * 100,
                              limit / 1e3, "" if self._tuned is None
                              else f", request queues at {QUEUE_SECONDS} s")  # fmt: skip
-        elif behind is None or behind < CAUGHT_UP:
+        elif behind is None or behind < self._release:
             self.lift(handle)
 
     def lift(self, handle: Any) -> None:

@@ -13,6 +13,9 @@ from swarm.agent.catchup import (
     BEHIND,
     CATCH_UP_SETTINGS,
     CAUGHT_UP,
+    EARLY_BEHIND,
+    GROWING,
+    GROWTH_SECONDS,
     MIN_LIMIT,
     QUEUE_SECONDS,
     UPLOAD_SHARE,
@@ -81,6 +84,34 @@ def test_a_node_behind_holds_its_uploads_until_it_has_caught_up(tmp_path: Path) 
     assert t.upload_limit() == int(UPLOAD_SHARE * 4e6)
     rule.step(t, 0.55 - CAUGHT_UP + 0.01, 1e6)
     assert rule.limit == 0 and t.upload_limit() <= 0
+
+
+def test_a_node_falling_behind_holds_its_uploads_before_it_is_far_behind(
+    tmp_path: Path,
+) -> None:
+    """Existing seeders at a quarter: a node received 3.7-5.0 MB/s of its 6.25 for 11 s
+    while the others had 6.0, and was 10% behind only at the end of it. A lag that grows
+    by GROWING over GROWTH_SECONDS engages the hold from EARLY_BEHIND; it is lifted at
+    half the lag it engaged at."""
+    t = torrent(tmp_path)
+    rule = CatchUp("a.bin")
+    t.peers = [Peer(0.5)]
+    start = EARLY_BEHIND + 0.001
+    rule.step(t, 0.5 - start, 4e6, now=0.0)  # behind, not (yet) falling behind
+    rule.step(t, 0.5 - start - GROWING / 2, 4e6, now=GROWTH_SECONDS)
+    assert rule.limit == 0  # grew, but by less than GROWING
+    rule.step(t, 0.5 - start - GROWING - 0.001, 4e6, now=GROWTH_SECONDS + 0.5)
+    assert rule.limit == int(UPLOAD_SHARE * 4e6) == t.upload_limit()
+    engaged = start + GROWING + 0.001
+    rule.step(t, 0.5 - engaged / 2 - 0.001, 4e6, now=GROWTH_SECONDS + 1.5)
+    assert rule.limit  # closer, not caught up
+    rule.step(t, 0.5 - engaged / 2 + 0.001, 4e6, now=GROWTH_SECONDS + 2.5)
+    assert rule.limit == 0 and t.upload_limit() <= 0
+    # a steady lag under BEHIND, however long, is not falling behind
+    steady = CatchUp("a.bin")
+    for second in range(20):
+        steady.step(t, 0.5 - BEHIND + 0.01, 4e6, now=float(second))
+    assert steady.limit == 0
 
 
 def test_no_limit_on_an_upload_too_slow_to_queue_anything(tmp_path: Path) -> None:
