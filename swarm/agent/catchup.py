@@ -121,9 +121,7 @@ class CatchUp:
             self._lags.popleft()
         then, before = self._lags[0]
         return (
-            behind >= EARLY_BEHIND
-            and now - then >= GROWTH_SECONDS
-            and behind - before >= GROWING
+            behind >= EARLY_BEHIND and now - then >= GROWTH_SECONDS and behind - before >= GROWING
         )
 
     def step(self, handle: Any, own: float, upload_rate: float, now: float | None = None) -> None:
