@@ -107,6 +107,11 @@ def test_a_node_falling_behind_holds_its_uploads_before_it_is_far_behind(
     assert rule.limit  # closer, not caught up
     rule.step(t, 0.5 - engaged / 2 + 0.001, 4e6, now=GROWTH_SECONDS + 2.5)
     assert rule.limit == 0 and t.upload_limit() <= 0
+    # a jump within a second (peers' progress moves a piece at a time) is no trend yet
+    jump = CatchUp("a.bin")
+    jump.step(t, 0.5 - start, 4e6, now=0.0)
+    jump.step(t, 0.5 - start - 2 * GROWING, 4e6, now=1.0)
+    assert jump.limit == 0
     # a steady lag under BEHIND, however long, is not falling behind
     steady = CatchUp("a.bin")
     for second in range(20):
