@@ -61,18 +61,18 @@ def main() -> int:
     if args.step <= 0 or args.until <= args.start:
         parser.error("--step must be positive and --until after --from")
     wall, ports, samples = load_samples(links)
-    nodes = sorted(name for name in ports if name not in ("origin",) and "seed" not in name)
-    senders = [name for name in ports if name == "origin" or "seed" in name]
+    senders = [name for name in ports if name == "origin" or name.startswith("seed")]
+    nodes = sorted(name for name in ports if name not in senders)
     print(
         "s      "
         + " ".join(f"{n:>7}" for n in nodes)
         + "  | "
         + " ".join(f"{s:>7}" for s in senders)
     )
+    side = 1 if args.up else 0
     for at, row in rates(samples, ports, args.step):
         if not args.start < at <= args.until + 1e-9:
             continue
-        side = 1 if args.up else 0
         cells = [f"{row[n][side] / 1e6:7.1f}" if n in row else "      -" for n in nodes]
         sent = [f"{row[s][1] / 1e6:7.1f}" if s in row else "      -" for s in senders]
         print(f"{at:5.2f}  " + " ".join(cells) + "  | " + " ".join(sent))
