@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.agent.seedershare import new_nodes_among, split
+from swarm.agent.seedershare import Share, new_nodes_among, seeders_held, split
 
 PIECES = 12
 NONE = [False] * PIECES
@@ -70,3 +70,17 @@ def test_a_node_s_own_share_is_what_it_pulls_from_the_seeders() -> None:
     assert share.left == {2, 5, 7, 8, 10, 11}
     # its own share in, nothing it lacks at a new node: nothing is dealt any more
     assert split([1, 5], {"10.0.0.3": NONE}, "10.0.0.2") == split([], {}, "10.0.0.2")
+
+
+def test_the_seeders_are_held_off_while_its_own_share_comes_and_not_again() -> None:
+    first = split(range(PIECES), {"10.0.0.3": NONE}, "10.0.0.2")
+    assert first.own and seeders_held(first, released=False)
+    # Its own share in; 1 and 3 are the other's, still at the seeders only, 7 at the
+    # other node: libtorrent may take 7 (or anything a new node holds) from the seeders
+    # too, while 1 and 3 stay left to their owner.
+    done = split([1, 3, 7], {"10.0.0.3": held(7)}, "10.0.0.2")
+    assert done == Share(left={1, 3}, own=set())
+    assert not seeders_held(done, released=False)
+    # A piece dealt to it later (who is connected changed) is pulled, but the seeders
+    # are not held off again: that would close libtorrent's connections mid-request.
+    assert not seeders_held(Share(left={1}, own={3}), released=True)
