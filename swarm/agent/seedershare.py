@@ -137,13 +137,13 @@ def seeders_held(share: Share, released: bool) -> bool:
     holding them off until every share was in left them idle. Existing seeders at a
     quarter, one kept run: the seeders sent 0.7-4 MB/s each of their 6.1 from 11 to 18
     s while the last shares came in at their owners' downlinks, and the nodes behind
-    got 4-5 MB/s of 6.1 from their peers. Alternating runs (session 45; seven of the
-    ten without the rule below): existing seeders at a quarter 27.0 s mean against 27.5
-    (ten pairs), at full rates 8.41 against 8.57 (three); far-region 8.12 against 7.88
-    (eight, one run at 9.17).
-    Not held again for a piece dealt to it later (who is connected changed): in
-    far-region such a hold closed its libtorrent connections to the seeders with
-    requests on them."""
+    got 4-5 MB/s of 6.1 from their peers. Alternating runs (session 45): existing
+    seeders at a quarter 27.0 s mean against 27.5 (ten pairs, seven of them without the
+    rule below), at full rates 8.41 against 8.57 (three, without it); far-region 8.12
+    against 7.88 (eight, five without it; one run at 9.17).
+    Not held again for a piece dealt to it later (who is connected changed): a hold
+    closes its libtorrent connections to the seeders, and in far-region's logs nodes
+    were held off again for two pieces 1.3-1.8 s after they had let the seeders back."""
     return bool(share.own) and not released
 
 

@@ -82,5 +82,5 @@ def test_the_seeders_are_held_off_while_its_own_share_comes_and_not_again() -> N
     assert done == Share(left={1, 3}, own=set())
     assert not seeders_held(done, released=False)
     # A piece dealt to it later (who is connected changed) is pulled, but the seeders
-    # are not held off again: that would close libtorrent's connections mid-request.
+    # are not held off again: a hold closes libtorrent's connections to them.
     assert not seeders_held(Share(left={1}, own={3}), released=True)
