@@ -532,18 +532,23 @@ class Daemon:
             self._admitted = allowed
             if added:
                 self._announce_soon()
-            # A member that dialled in before this node knew it (a node that started
-            # later, dialling the peers its first plan named) is dialled back now, for
-            # the torrents still downloading (its own retry waits for its next announce).
-            # At this node's own port: the fleet's (as the UDP port), since members are
-            # addresses only. A few at most: the announce finds the rest.
-            refused = sorted(added & self._refused)[:MAX_DIAL_BACK]
-            if refused:
-                self._refused -= set(refused)
+            # Newly admitted members are dialled now too, for the torrents still
+            # downloading: the announce is no sooner than the next whole second
+            # (libtorrent's force_reannounce), 0.3-0.7 s after a member list in existing
+            # seeders' runs, and a member that dialled in before this node knew it (a
+            # node that started later) retries only after its own next announce. First
+            # those refused, then the rest. At this node's own port: the fleet's (as the
+            # UDP port), since members are addresses only. A few at most: the announce
+            # finds the rest.
+            added.discard(self.listen_ip)
+            refused = added & self._refused
+            self._refused -= refused
+            dial = [*sorted(refused), *sorted(added - refused)][:MAX_DIAL_BACK]
+            if dial:
                 port = self.session.listen_port
                 for info_hash, state in list(self.session.torrents.items()):
                     if not state.finished.is_set():
-                        self.session.dial(info_hash, tuple((ip, port) for ip in refused))
+                        self.session.dial(info_hash, tuple((ip, port) for ip in dial))
 
     def peer_blocked(self, ip: str) -> None:
         """The peer filter refused ``ip``: most likely a node that joined since this

@@ -33,7 +33,13 @@ from swarm.coordinator.fleet import (
 )
 from swarm.coordinator.history import History
 from swarm.coordinator.holders import RecentFetchers, SeederCache, seeders_for
-from swarm.coordinator.load import Load, report_interval, stretched_interval, watch_lag
+from swarm.coordinator.load import (
+    Load,
+    members_changed_interval,
+    report_interval,
+    stretched_interval,
+    watch_lag,
+)
 from swarm.coordinator.metrics import Clock, Metrics
 from swarm.coordinator.origin import StripePlanner
 from swarm.coordinator.planstate import GeometryError, bits
@@ -214,6 +220,16 @@ def handle_report(
         outcome.members = store.members(parse_epoch(payload.get("members_epoch")), now, legacy)
     except Exception:
         log.exception("membership for %s failed; it keeps the list it has", report.node)
+        return outcome
+    # A node whose list this reply changes hears from the fleet again soon: more nodes
+    # may be joining (a legacy node gets the whole list each time: no change to tell).
+    members = outcome.members
+    if not legacy and (members.members is not None or members.delta is not None):
+        changed = (
+            members_changed_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
+            * app[LOAD].factor
+        )
+        outcome.interval = min(outcome.interval, changed)
     return outcome
 
 

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from swarm.coordinator.app import make_app, parse_listen
+from swarm.coordinator.load import MEMBERS_CHANGED_INTERVAL
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.tracker import decode_compact_peers
 from swarm.errors import UsageError
@@ -333,16 +334,20 @@ def test_membership_is_an_epoch_and_deltas(server: Server) -> None:
     first = report("node-a", "10.1.0.1:7001")
     status, body = server.post_json("/v1/report", {**first, "members_epoch": None})
     assert status == 200 and body["members"] == ["10.1.0.1"]
+    # a node whose list a reply changed reports again sooner: more may be joining
+    assert body["interval"] == MEMBERS_CHANGED_INTERVAL
     epoch = body["members_epoch"]
-    # nothing changed: no list at all
+    # nothing changed: no list at all, and the fleet's interval
     body = server.post_json("/v1/report", {**first, "members_epoch": epoch})[1]
     assert body["members_epoch"] == epoch and "members" not in body
     assert "members_delta" not in body
+    assert body["interval"] == 1.0
     # two nodes join, one on an address already a member: one change
     server.post_json("/v1/report", report("node-b", "10.1.0.2:7001"))
     server.post_json("/v1/report", report("node-c", "10.1.0.1:7002"))
     body = server.post_json("/v1/report", {**first, "members_epoch": epoch})[1]
     assert body["members_delta"] == ["+10.1.0.2"] and "members" not in body
+    assert body["interval"] == MEMBERS_CHANGED_INTERVAL
     epoch = body["members_epoch"]
     # node-b falls silent past its TTL (10 s) and is swept: its address leaves. The
     # others report halfway, so no sweep (it runs on a real timer) ever finds them stale.

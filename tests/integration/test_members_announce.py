@@ -5,6 +5,7 @@ its filter blocked, and would try it again only at its next announce."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -143,4 +144,26 @@ def test_an_address_the_filter_refuses_wakes_one_report(tmp_path: Path, tracker:
         daemon.session.on_blocked("10.9.0.4")
         assert len(wakes) == 2
     finally:
+        daemon.close()
+
+
+def test_newly_admitted_members_are_dialled_at_once(tmp_path: Path, tracker: Tracker) -> None:
+    """A member list's newcomers are connected to now, at the fleet's port, for a torrent
+    still downloading; not only after the announce they trigger (libtorrent's forced
+    announce waits for the next whole second) and that announce's answer. Here the
+    tracker names no peers at all: only the dial can reach the member."""
+    daemon, manifest = fleet_daemon(tmp_path, tracker)
+    member = socket.socket()
+    try:
+        member.bind(("127.0.0.31", daemon.session.listen_port))
+        member.listen(4)
+        member.settimeout(5.0)
+        daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers"})
+        wait_until(lambda: len(tracker.announces) >= 1, 10, "the first announce")
+        daemon.take_members(["127.0.0.31"])
+        connection, (address, _) = member.accept()  # socket.timeout: not dialled
+        connection.close()
+        assert address == "127.0.0.1"  # the daemon's own address (outgoing interface)
+    finally:
+        member.close()
         daemon.close()

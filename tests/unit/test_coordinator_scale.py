@@ -29,7 +29,11 @@ from swarm.coordinator.holders import (
     SeederCache,
     seeders_for,
 )
-from swarm.coordinator.load import report_interval
+from swarm.coordinator.load import (
+    MEMBERS_CHANGED_INTERVAL,
+    members_changed_interval,
+    report_interval,
+)
 from swarm.coordinator.memorystore import MemoryPeerStore
 from swarm.coordinator.origin import MAX_STRIPE_PIECES, StripePlanner
 from swarm.coordinator.planstate import GeometryError, MemoryPlanState, PlanState
@@ -397,6 +401,14 @@ def test_report_interval_follows_the_budget() -> None:
     assert report_interval(5000, 2000) == 2.5
     assert report_interval(5000, 2000, coordinators=2) == 1.5
     assert report_interval(10**6, 2000) == 15.0
+
+
+def test_a_changed_member_list_shortens_the_interval_within_the_budget() -> None:
+    assert members_changed_interval(8, 2000) == MEMBERS_CHANGED_INTERVAL
+    assert members_changed_interval(500, 2000) == 0.25
+    # past the budget's share the budget's interval stands (then the fleet's, if less)
+    assert members_changed_interval(1000, 2000) == 0.5
+    assert members_changed_interval(1000, 2000, coordinators=4) == MEMBERS_CHANGED_INTERVAL
 
 
 def test_the_load_governor_stretches_fast_and_shrinks_slowly() -> None:
