@@ -534,7 +534,7 @@ class Daemon:
                 self._announce_soon()
             # Newly admitted members are dialled now too, for the torrents still
             # downloading: the announce is no sooner than the next whole second
-            # (libtorrent's force_reannounce), 0.3-0.7 s after a member list in existing
+            # (libtorrent's force_reannounce), 0.01-0.8 s after a member list in existing
             # seeders' runs, and a member that dialled in before this node knew it (a
             # node that started later) retries only after its own next announce. First
             # those refused, then the rest. At this node's own port: the fleet's (as the

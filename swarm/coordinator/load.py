@@ -80,15 +80,15 @@ MEMBERS_CHANGED_INTERVAL: Final = 0.25
 """Seconds until the next report of a node whose member list a reply has just changed
 (:func:`members_changed_interval`), against ``REPORT_INTERVAL``'s 1 s: while nodes are
 joining, each node's list lags the fleet by up to an interval, and its peer filter
-refuses the newer nodes until then. Existing seeders at a quarter of the rates: the
-first eight nodes' lists were complete 1.9-2.1 s into the run with a 1 s interval
+refuses the newer nodes until then. Existing seeders at a quarter of the rates: six of
+the eight new nodes' lists were complete only 1.9-2.1 s into the run with a 1 s interval
 (each node refused the nodes that reported after it, until its own next report), the
 new nodes' connections to each other waited on it, and so did each node's share of the
 seeders' pieces (:mod:`swarm.agent.seedershare` deals them among the nodes it sees).
 With this and the daemon dialling newly admitted members (``Daemon.take_members``),
 alternating runs against both undone (``bench/fleet.py --systems swarm``, session 46):
 swarm-bound 7.61 s mean against 7.81 (four pairs, all faster; first MB 0.83-1.06 s
-against 0.94-1.14), existing seeders 8.02 against 8.24 (three, all faster); mixed 10.58
+against 0.94-1.14), existing seeders 8.02 against 8.24 (three, two faster); mixed 10.58
 against 10.42 (three, one faster) and existing seeders at a quarter 27.63 against 27.50
 (four, two faster): within their noise."""
 
