@@ -95,10 +95,12 @@ against 10.42 (three, one faster) and existing seeders at a quarter 27.63 agains
 
 def members_changed_interval(nodes: int, budget: float, coordinators: int = 1) -> float:
     """The report interval for a node whose member list just changed: at least
-    ``MEMBERS_CHANGED_INTERVAL``, and no shorter than the budget allows
-    (:func:`report_interval`'s ``nodes / (budget x coordinators)``, unrounded: a node
-    hears it once, for one report)."""
-    return max(MEMBERS_CHANGED_INTERVAL, nodes / (budget * max(1, coordinators)))
+    ``MEMBERS_CHANGED_INTERVAL``, and long enough that the whole fleet reporting so would
+    take at most half the coordinators' budget (``2 x nodes / (budget x coordinators)``,
+    unrounded: a node hears it for one report). Half, because in a large fleet that
+    scales all the time every reply may carry a change: 1,000 nodes at the default
+    budget keep :func:`report_interval`'s 1 s."""
+    return max(MEMBERS_CHANGED_INTERVAL, 2 * nodes / (budget * max(1, coordinators)))
 
 
 def stretched_interval(base: float, factor: float) -> float:

@@ -405,9 +405,10 @@ def test_report_interval_follows_the_budget() -> None:
 
 def test_a_changed_member_list_shortens_the_interval_within_the_budget() -> None:
     assert members_changed_interval(8, 2000) == MEMBERS_CHANGED_INTERVAL
-    assert members_changed_interval(500, 2000) == 0.25
-    # past the budget's share the budget's interval stands (then the fleet's, if less)
-    assert members_changed_interval(1000, 2000) == 0.5
+    assert members_changed_interval(250, 2000) == 0.25
+    # the whole fleet so would take at most half the budget
+    assert members_changed_interval(500, 2000) == 0.5
+    assert members_changed_interval(1000, 2000) == 1.0  # = report_interval: no change
     assert members_changed_interval(1000, 2000, coordinators=4) == MEMBERS_CHANGED_INTERVAL
 
 
