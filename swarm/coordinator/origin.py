@@ -314,6 +314,16 @@ class StripePlanner:
             # (the mixed fleet once ran as a star for 30 s, every node but one with a
             # single peer: Daemon.take_members) a plan without WIDE took 5x T*.
             state = MixState(Mode.STRIPE)
+        elif state.mode is Mode.WIDE and among_seeders and before_allocation and not stalled:
+            # Beside seeders, before the first allocation, a node that receives anything
+            # keeps to its stripe and fills: the seeders hold every piece and its peers
+            # are ramping up. Existing seeders at a quarter of the rates: a node that had
+            # read one fill piece widened 2.5 s in on its peers' early rate, for 2.3 s,
+            # and the batch it started read 22 MB from the 12.5 Mbit origin that its
+            # peers sent too (that run 27.99 s; one without a WIDE node 26.28). Three
+            # alternating pairs (session 46): 26.90, 26.67, 27.02 s against 28.11,
+            # 28.19, 27.86. A node that receives nothing still widens.
+            state = MixState(Mode.STRIPE)
         size = max(self.stripe_bytes, rates.down.get("s3", 0.0) * STRIPE_SECONDS)
         want = min(MAX_STRIPE_PIECES, count, max(1, int(size // piece_size)))
         done = self.state.commit(

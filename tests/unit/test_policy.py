@@ -331,6 +331,26 @@ def test_among_seeders_a_late_node_gives_its_peers_seconds_before_it_widens():
     assert late is not None and late.mode is Mode.WIDE
 
 
+def test_among_seeders_a_node_that_receives_does_not_widen_before_an_allocation():
+    """Existing seeders at a quarter of the rates: a node that had read a fill piece from
+    S3 (so the peers' chance no longer held it) widened on its peers' early rate, and
+    read 22 MB from a 12.5 Mbit origin that its peers sent too. Receiving anything, it
+    keeps to its stripe until an allocation (receiving nothing, it still widens: the
+    late node's test above)."""
+    planner = StripePlanner(stripe_bytes=16 * MiB)
+    _plan(planner, "s", count=24, now=0.0)  # the seeder's own fetch: S3's rate
+    _plan(planner, "s", count=24, held=(1 << 16) - 1, now=1.0, s3=16 * MiB)
+    _plan(planner, "s", count=24, held=(1 << 24) - 1, complete=True, now=1.5, s3=24 * MiB)
+    _plan(planner, "a", count=24, now=2.0)
+    _plan(planner, "a", count=24, held=1, now=2.5, s3=MiB)  # a fill piece
+    received = 0
+    for now in (3.0, 3.5, 4.0, 4.5):  # peers give it 0.5 MiB/s against S3's ~6
+        received += MiB // 4
+        a = _plan(planner, "a", count=24, held=1, now=now, s3=MiB, peers=received)
+        assert a.mode is not Mode.WIDE, now
+    assert planner.capacity.last("ab" * 20) is None  # (no allocation all along)
+
+
 def test_a_node_without_a_stripe_does_not_widen_at_once_while_others_read_theirs():
     """CI's origin-bound fleet (4 nodes, 16 MiB, origin 100 Mbit): two stripes of 8 MiB
     cover the object; the other two nodes, with nothing from peers yet and the first
