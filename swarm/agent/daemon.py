@@ -81,8 +81,9 @@ BLOCKED_WAKE_GAP = 1.0
 it had not refused before (:meth:`Daemon.peer_blocked`); never less than the report
 interval the coordinator asks for (it stretches it as the fleet grows)."""
 
-MAX_DIAL_BACK = 32
-"""Members refused before they were known that one reply's admission dials back."""
+MAX_DIALS = 32
+"""Newly admitted members one reply's admission dials at once (those refused before they
+were known first); the announce it triggers finds the rest."""
 
 MAX_REFUSED = 4096
 """Addresses remembered as refused (each wakes the reporter once); forgotten past this."""
@@ -543,7 +544,7 @@ class Daemon:
             added.discard(self.listen_ip)
             refused = added & self._refused
             self._refused -= refused
-            dial = [*sorted(refused), *sorted(added - refused)][:MAX_DIAL_BACK]
+            dial = [*sorted(refused), *sorted(added - refused)][:MAX_DIALS]
             if dial:
                 port = self.session.listen_port
                 for info_hash, state in list(self.session.torrents.items()):
@@ -554,7 +555,7 @@ class Daemon:
         """The peer filter refused ``ip``: most likely a node that joined since this
         node's last report (members are learnt from report replies, one a second or
         slower). Report now for the new list, at most every :data:`BLOCKED_WAKE_GAP`: a
-        member learnt is dialled by the announce it triggers (:meth:`take_members`).
+        member learnt is dialled at once (:meth:`take_members`).
         far-region's seeders refused the four new nodes for up to a second after they
         joined, until the seeders' next report, and the nodes' first UDP sessions (which
         need a libtorrent connection to see a holder) waited on it. An address refused

@@ -225,11 +225,7 @@ def handle_report(
     # may be joining (a legacy node gets the whole list each time: no change to tell).
     members = outcome.members
     if not legacy and (members.members is not None or members.delta is not None):
-        changed = (
-            members_changed_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
-            * app[LOAD].factor
-        )
-        outcome.interval = min(outcome.interval, changed)
+        outcome.interval = min(outcome.interval, _members_changed_interval(app, now))
     return outcome
 
 
@@ -392,6 +388,14 @@ def _interval(app: web.Application, now: float) -> float:
     store = app[STORE]
     base = report_interval(store.node_count(now), app[BUDGET], store.coordinators(now))
     return stretched_interval(base, app[LOAD].factor)
+
+
+def _members_changed_interval(app: web.Application, now: float) -> float:
+    """:func:`_interval`'s counterpart for a node whose member list a reply changes
+    (the store's counts are cached: no second round trip)."""
+    store = app[STORE]
+    nodes, coordinators = store.node_count(now), store.coordinators(now)
+    return members_changed_interval(nodes, app[BUDGET], coordinators) * app[LOAD].factor
 
 
 def _sweep(app: web.Application) -> tuple[int, int]:
