@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from swarm.agent import seedershare
 from swarm.agent.daemon import Daemon
 from swarm.agent.held import HeldArtifacts
 from swarm.agent.pieceserver import PieceClient, PieceServer, pieces_port, start_server
@@ -146,3 +148,33 @@ def test_a_seeder_that_does_not_serve_leaves_its_pieces_to_the_others(tmp_path: 
         puller.add_seeders(["127.0.0.4", SEEDER])  # nothing listens on the first
         wait_until(lambda: all(artifact.sink.have(i) for i in range(PIECES)), 20, "the share")
         assert puller.gone == {"127.0.0.4"} and not puller.failed
+
+
+def test_before_it_sees_another_new_node_a_node_pulls_one_piece_per_seeder(
+    tmp_path: Path,
+) -> None:
+    """A new node beside seeders pulls from their piece servers from the plan that names
+    them, not only once its connections show it the other new nodes (a share needs
+    them): one piece per seeder, in an order of its own, and nothing more meanwhile."""
+    source = tmp_path / "a.bin"
+    manifest = _manifest(source)
+    seeder = _daemon(tmp_path / "seeder", SEEDER)
+    node_address = "127.0.0.3"
+    node = _daemon(tmp_path / "node", node_address)
+    server = None
+    try:
+        _holding(seeder, manifest, source)
+        server, port = _serve(seeder)
+        artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
+        artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
+        seedershare.start(node.session, artifact, node_address, PieceAccess(port, TOKEN))
+        first = seedershare.first_pulls(range(PIECES), 1, node_address)
+        wait_until(lambda: artifact.sink.have(first[0]), 20, "the first pull")
+        time.sleep(3 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
+        assert [i for i in range(PIECES) if artifact.sink.have(i)] == first
+        assert artifact.sink.bytes_by_source.get("peers") == MiB
+    finally:
+        if server is not None:
+            server.stop()
+        node.close()
+        seeder.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.agent.seedershare import Share, new_nodes_among, seeders_held, split
+from swarm.agent.seedershare import Share, first_pulls, new_nodes_among, seeders_held, split
 
 PIECES = 12
 NONE = [False] * PIECES
@@ -84,3 +84,13 @@ def test_the_seeders_are_held_off_while_its_own_share_comes_and_not_again() -> N
     # A piece dealt to it later (who is connected changed) is pulled, but the seeders
     # are not held off again: a hold closes libtorrent's connections to them.
     assert not seeders_held(Share(left={1}, own={3}), released=True)
+
+
+def test_before_any_view_each_node_pulls_one_piece_per_seeder_of_its_own() -> None:
+    nodes = [f"10.0.0.{i}" for i in range(2, 10)]
+    firsts = [first_pulls(range(128), 2, own) for own in nodes]
+    assert all(len(first) == 2 for first in firsts)
+    # eight nodes starting together pull (nearly) distinct pieces: no two the same pair
+    assert len({tuple(first) for first in firsts}) == len(nodes)
+    assert first_pulls([5, 9], 2, nodes[0]) in ([5, 9], [9, 5])  # only what it lacks
+    assert first_pulls([], 2, nodes[0]) == []
