@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from swarm.agent.registry import Artifact
 from swarm.agent.seedershare import PieceAccess, SharePuller
 from swarm.config import Settings
 from swarm.manifest import Manifest
+from swarm.s3http import S3Client
 from tests.servers import free_port, wait_until
 
 MiB = 1 << 20
@@ -150,31 +152,48 @@ def test_a_seeder_that_does_not_serve_leaves_its_pieces_to_the_others(tmp_path: 
         assert puller.gone == {"127.0.0.4"} and not puller.failed
 
 
-def test_before_it_sees_another_new_node_a_node_pulls_one_piece_per_seeder(
-    tmp_path: Path,
-) -> None:
-    """A new node beside seeders pulls from their piece servers from the plan that names
-    them, not only once its connections show it the other new nodes (a share needs
-    them): one piece per seeder, in an order of its own, and nothing more meanwhile."""
+def _first_pulls_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
+    """The pieces a new node pulled from a seeder in its first ~second beside it, before
+    it saw any other new node. Its S3 endpoint: a listener on loopback (near), or a
+    port nobody listens on (no round trip: taken as far)."""
     source = tmp_path / "a.bin"
     manifest = _manifest(source)
     seeder = _daemon(tmp_path / "seeder", SEEDER)
     node_address = "127.0.0.3"
     node = _daemon(tmp_path / "node", node_address)
     server = None
-    try:
-        _holding(seeder, manifest, source)
-        server, port = _serve(seeder)
-        artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
-        artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
-        seedershare.start(node.session, artifact, node_address, PieceAccess(port, TOKEN))
-        first = seedershare.first_pulls(range(PIECES), 1, node_address)
-        wait_until(lambda: artifact.sink.have(first[0]), 20, "the first pull")
-        time.sleep(3 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
-        assert [i for i in range(PIECES) if artifact.sink.have(i)] == first
-        assert artifact.sink.bytes_by_source.get("peers") == MiB
-    finally:
-        if server is not None:
-            server.stop()
-        node.close()
-        seeder.close()
+    with contextlib.closing(socket.create_server((node_address, 0))) as s3:
+        try:
+            _holding(seeder, manifest, source)
+            server, port = _serve(seeder)
+            artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
+            s3_port = s3.getsockname()[1] if s3_near else free_port(node_address)
+            artifact.client = S3Client(f"http://{node_address}:{s3_port}")
+            artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
+            seedershare.start(node.session, artifact, node_address, PieceAccess(port, TOKEN))
+            if s3_near:
+                first = seedershare.first_pulls(range(PIECES), 1, node_address)
+                wait_until(lambda: artifact.sink.have(first[0]), 20, "the first pull")
+            time.sleep(4 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
+            return [i for i in range(PIECES) if artifact.sink.have(i)]
+        finally:
+            if server is not None:
+                server.stop()
+            node.close()
+            seeder.close()
+
+
+def test_before_it_sees_another_new_node_a_node_pulls_one_piece_per_seeder(
+    tmp_path: Path,
+) -> None:
+    """A new node beside seeders pulls from their piece servers from the plan that names
+    them, not only once its connections show it the other new nodes (a share needs
+    them): one piece per seeder, in an order of its own, and nothing more meanwhile."""
+    pulled = _first_pulls_beside_a_seeder(tmp_path, s3_near=True)
+    assert pulled == seedershare.first_pulls(range(PIECES), 1, "127.0.0.3")
+
+
+def test_where_s3_is_not_known_near_a_node_waits_for_its_share(tmp_path: Path) -> None:
+    """Where S3 is far (or does not answer) the seeders may be far too, where UDP
+    carries the WAN: no pull before a share is dealt."""
+    assert _first_pulls_beside_a_seeder(tmp_path, s3_near=False) == []

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from swarm.agent.seedershare import Share, first_pulls, new_nodes_among, seeders_held, split
+from swarm.agent.seedershare import (
+    Share,
+    first_pulls,
+    new_nodes_among,
+    own_order,
+    seeders_held,
+    split,
+)
 
 PIECES = 12
 NONE = [False] * PIECES
@@ -94,3 +101,12 @@ def test_before_any_view_each_node_pulls_one_piece_per_seeder_of_its_own() -> No
     assert len({tuple(first) for first in firsts}) == len(nodes)
     assert first_pulls([5, 9], 2, nodes[0]) in ([5, 9], [9, 5])  # only what it lacks
     assert first_pulls([], 2, nodes[0]) == []
+
+
+def test_nodes_with_neighbouring_addresses_order_pieces_unlike_each_other() -> None:
+    # CRC-32 of "address piece" is linear in the address's bits: 10.77.0.4 and .5 got
+    # nearly the same order; a node's own order must not follow its neighbour's.
+    nodes = [f"10.77.0.{i}" for i in range(4, 12)]
+    firsts = [own_order(range(128), own)[:8] for own in nodes]
+    shared = [len(set(a) & set(b)) for i, a in enumerate(firsts) for b in firsts[i + 1 :]]
+    assert max(shared) <= 2  # random orders: 0.5 pieces of 8 shared on average
