@@ -151,7 +151,8 @@ def first_pulls(missing: Iterable[int], seeders: int, own_address: str) -> list[
     The first view comes with the node's connections to the other new nodes, 0.4-0.6 s
     after the plan that named the seeders in existing seeders' runs, and the seeders'
     uplinks idled until then. Existing seeders at a quarter of the rates, alternating
-    with the code before (session 47, a temporary toggle): 26.71, 26.77, 27.16, 26.08,
+    with the code before (session 47, a temporary toggle; the CRC order of
+    :func:`own_order`'s docstring then, and no test of S3's distance): 26.71, 26.77, 27.16, 26.08,
     26.13, 26.95 s (mean 26.63) against 26.42, 27.64, 26.79, 27.70, 27.44, 27.34 (27.22),
     the nodes' first MB 1.02-1.13 s after the launch against 1.12-1.53.
 
@@ -298,7 +299,7 @@ def _share(
     state = session.torrents[artifact.info_hash]
     seeders = set(artifact.seeders)
     puller = SharePuller(artifact, access) if access is not None else None
-    kept, holding, released, dealt = 0, False, False, False
+    kept, holding, released, first_decided = 0, False, False, False
     while artifact.fetching and not state.all_held():
         seeders.update(artifact.seeders)
         peers = [
@@ -313,8 +314,8 @@ def _share(
         hold, pending = False, len(left) + len(share.own)
         if puller is not None and not puller.failed and not new_nodes:
             hold = holding  # no view of the fleet for now (connections come and go)
-            if not dealt:  # no share yet, and the seeders' uplinks idle until one
-                dealt = True
+            if not first_decided:  # no share yet, and the seeders' uplinks idle until one
+                first_decided = True
                 if not udp_wanted(artifact.s3_round_trip()):  # see first_pulls: S3 near
                     first = first_pulls(missing, len(seeders), own_address)
                     log.info("%s: pieces %s from the seeders before a share is dealt",
@@ -322,7 +323,7 @@ def _share(
                     puller.add_seeders(seeders)
                     puller.want(first)
         elif puller is not None and not puller.failed:
-            dealt = True
+            first_decided = True  # a share before any first pulls: none
             puller.add_seeders(seeders)
             puller.want(to_pull(share, len(new_nodes) + 1, own_address))
             hold = seeders_held(share, released)
