@@ -17,7 +17,7 @@ node, takes the rest too: an owner it does not see (views of who is connected di
 one gone would otherwise leave it waiting.
 
 Before its connections show it any other new node (no share can be dealt yet), a node
-pulls one piece per seeder, by an order of its own (:func:`first_pulls`).
+pulls one piece, by an order of its own, from one seeder (:func:`first_pull`).
 
 Nodes behind one address count once (on loopback every node is one new node: nothing is
 kept back).
@@ -141,27 +141,36 @@ def to_pull(share: Share, nodes: int, own_address: str) -> list[int]:
     return own_order(share.left, own_address)
 
 
-def first_pulls(missing: Iterable[int], seeders: int, own_address: str) -> list[int]:
-    """What a node pulls from the seeders before it sees any other new node, when no
-    share can be dealt yet: one piece per seeder, by an order of its own (as
-    :func:`to_pull` orders the others' last pieces), so that new nodes starting together
-    pull distinct pieces. Once: a node that sees no other (the only new one) leaves the
-    rest to libtorrent, which is not held off the seeders meanwhile.
+def first_pull(
+    missing: Iterable[int], seeders: Iterable[str], own_address: str
+) -> tuple[str, int] | None:
+    """What a node pulls before it sees any other new node, when no share can be dealt
+    yet: one piece, the first of its own order (:func:`own_order`), from one seeder that
+    its address picks (None: nothing missing, or no seeder). Once: a node that sees no
+    other (the only new one) leaves the rest to libtorrent, which is not held off the
+    seeders meanwhile.
 
     The first view comes with the node's connections to the other new nodes, 0.4-0.6 s
     after the plan that named the seeders in existing seeders' runs, and the seeders'
     uplinks idled until then. Existing seeders at a quarter of the rates, alternating
-    with the code before (session 47, a temporary toggle; the CRC order of
-    :func:`own_order`'s docstring then, and no test of S3's distance): 26.71, 26.77, 27.16, 26.08,
-    26.13, 26.95 s (mean 26.63) against 26.42, 27.64, 26.79, 27.70, 27.44, 27.34 (27.22),
-    the nodes' first MB 1.02-1.13 s after the launch against 1.12-1.53.
+    with the code before (session 47, a temporary toggle; one piece per seeder then, in
+    the CRC order of :func:`own_order`'s docstring, and no test of S3's distance): 26.71,
+    26.77, 27.16, 26.08, 26.13, 26.95 s (mean 26.63) against 26.42, 27.64, 26.79, 27.70,
+    27.44, 27.34 (27.22), the nodes' first MB 1.02-1.13 s after the launch against
+    1.12-1.53. One piece from one seeder rather than one from each: each seeder's uplink
+    is shared by half the new nodes' first GETs (two seeders), so a first piece is whole
+    sooner and relayed sooner; three alternating pairs against one from each: 26.09,
+    26.08, 26.36 s (median nodes 25.11-25.52) against 26.70, 25.90, 26.49 (25.69-25.85).
 
     Only where S3 is near (the round trip the S3 reader measured before its first GET;
     a seeder's own is known only once connected). In far-region the seeders sit beside
     S3, 100 ms and 0.5% loss away, where UDP carries the WAN and a TCP pull runs at a
     lossy long-RTT flow's rate: with the first pulls there, 8.10, 9.90, 8.26, 8.58 s
     against 7.77, 7.77, 8.24, 8.99 (four alternating pairs)."""
-    return own_order(missing, own_address)[:seeders]
+    order, choices = own_order(missing, own_address), sorted(seeders)
+    if not order or not choices:
+        return None
+    return random.Random(own_address).choice(choices), order[0]
 
 
 def seeders_held(share: Share, released: bool) -> bool:
@@ -316,12 +325,13 @@ def _share(
             hold = holding  # no view of the fleet for now (connections come and go)
             if not first_decided:  # no share yet, and the seeders' uplinks idle until one
                 first_decided = True
-                if not udp_wanted(artifact.s3_round_trip()):  # see first_pulls: S3 near
-                    first = first_pulls(missing, len(seeders), own_address)
-                    log.info("%s: pieces %s from the seeders before a share is dealt",
-                             artifact.manifest.name, first)  # fmt: skip
-                    puller.add_seeders(seeders)
-                    puller.want(first)
+                first = first_pull(missing, seeders, own_address)
+                if first is not None and not udp_wanted(artifact.s3_round_trip()):  # S3 near
+                    seeder, piece = first
+                    log.info("%s: piece %d from seeder %s before a share is dealt",
+                             artifact.manifest.name, piece, seeder)  # fmt: skip
+                    puller.add_seeders([seeder])
+                    puller.want([piece])
         elif puller is not None and not puller.failed:
             first_decided = True  # a share before any first pulls: none
             puller.add_seeders(seeders)

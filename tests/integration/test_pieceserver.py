@@ -152,7 +152,7 @@ def test_a_seeder_that_does_not_serve_leaves_its_pieces_to_the_others(tmp_path: 
         assert puller.gone == {"127.0.0.4"} and not puller.failed
 
 
-def _first_pulls_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
+def _pulled_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
     """The pieces a new node pulled from a seeder in its first ~second beside it, before
     it saw any other new node. Its S3 endpoint: a listener on loopback (near), or a
     port nobody listens on (no round trip: taken as far)."""
@@ -172,8 +172,9 @@ def _first_pulls_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
             artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
             seedershare.start(node.session, artifact, node_address, PieceAccess(port, TOKEN))
             if s3_near:
-                first = seedershare.first_pulls(range(PIECES), 1, node_address)
-                wait_until(lambda: artifact.sink.have(first[0]), 20, "the first pull")
+                first = seedershare.first_pull(range(PIECES), [SEEDER], node_address)
+                assert first is not None
+                wait_until(lambda: artifact.sink.have(first[1]), 20, "the first pull")
             time.sleep(4 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
             return [i for i in range(PIECES) if artifact.sink.have(i)]
         finally:
@@ -183,17 +184,16 @@ def _first_pulls_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
             seeder.close()
 
 
-def test_before_it_sees_another_new_node_a_node_pulls_one_piece_per_seeder(
-    tmp_path: Path,
-) -> None:
+def test_before_it_sees_another_new_node_a_node_pulls_one_piece(tmp_path: Path) -> None:
     """A new node beside seeders pulls from their piece servers from the plan that names
     them, not only once its connections show it the other new nodes (a share needs
-    them): one piece per seeder, in an order of its own, and nothing more meanwhile."""
-    pulled = _first_pulls_beside_a_seeder(tmp_path, s3_near=True)
-    assert pulled == seedershare.first_pulls(range(PIECES), 1, "127.0.0.3")
+    them): one piece of its own order, and nothing more meanwhile."""
+    pulled = _pulled_beside_a_seeder(tmp_path, s3_near=True)
+    first = seedershare.first_pull(range(PIECES), [SEEDER], "127.0.0.3")
+    assert first is not None and pulled == [first[1]]
 
 
 def test_where_s3_is_not_known_near_a_node_waits_for_its_share(tmp_path: Path) -> None:
     """Where S3 is far (or does not answer) the seeders may be far too, where UDP
     carries the WAN: no pull before a share is dealt."""
-    assert _first_pulls_beside_a_seeder(tmp_path, s3_near=False) == []
+    assert _pulled_beside_a_seeder(tmp_path, s3_near=False) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from swarm.agent.seedershare import (
     Share,
-    first_pulls,
+    first_pull,
     new_nodes_among,
     own_order,
     seeders_held,
@@ -93,14 +93,18 @@ def test_the_seeders_are_held_off_while_its_own_share_comes_and_not_again() -> N
     assert not seeders_held(Share(left={1}, own={3}), released=True)
 
 
-def test_before_any_view_each_node_pulls_one_piece_per_seeder_of_its_own() -> None:
-    nodes = [f"10.0.0.{i}" for i in range(2, 10)]
-    firsts = [first_pulls(range(128), 2, own) for own in nodes]
-    assert all(len(first) == 2 for first in firsts)
-    # eight nodes starting together pull (nearly) distinct pieces: no two the same pair
-    assert len({tuple(first) for first in firsts}) == len(nodes)
-    assert first_pulls([5, 9], 2, nodes[0]) in ([5, 9], [9, 5])  # only what it lacks
-    assert first_pulls([], 2, nodes[0]) == []
+def test_before_any_view_each_node_pulls_one_piece_of_its_own_from_one_seeder() -> None:
+    nodes = [f"10.77.0.{i}" for i in range(4, 12)]
+    seeders = ["10.77.0.2", "10.77.0.3"]
+    firsts = [first_pull(range(128), seeders, own) for own in nodes]
+    assert all(first is not None for first in firsts)
+    pieces = [first[1] for first in firsts if first]
+    assert len(set(pieces)) == len(nodes)  # eight nodes starting together: distinct pieces
+    by_seeder = [sum(1 for first in firsts if first and first[0] == s) for s in seeders]
+    assert min(by_seeder) >= 2  # the first GETs spread over the seeders
+    assert first_pull([5, 9], seeders, nodes[0]) in [(s, p) for s in seeders for p in (5, 9)]
+    assert first_pull([], seeders, nodes[0]) is None
+    assert first_pull(range(128), [], nodes[0]) is None
 
 
 def test_nodes_with_neighbouring_addresses_order_pieces_unlike_each_other() -> None:
