@@ -93,20 +93,23 @@ def test_a_piece_not_held_yet_is_not_served(tmp_path: Path) -> None:
         node.close()
 
 
+NODE = "127.0.0.3"
+
+
 @contextlib.contextmanager
-def _beside_a_seeder(tmp_path: Path) -> Iterator[tuple[Artifact, SharePuller]]:
-    """A serving seeder, and a new node's puller (no seeders added yet) for the same
-    artifact, which the node lacks."""
+def _beside_a_seeder(tmp_path: Path) -> Iterator[tuple[Daemon, Artifact, SharePuller]]:
+    """A serving seeder, and a new node (its daemon, its artifact, which it lacks, and a
+    puller with no seeders added yet) for the same artifact."""
     source = tmp_path / "a.bin"
     manifest = _manifest(source)
     seeder = _daemon(tmp_path / "seeder", SEEDER)
-    node = _daemon(tmp_path / "node", "127.0.0.3")
+    node = _daemon(tmp_path / "node", NODE)
     server = None
     try:
         _holding(seeder, manifest, source)
         server, port = _serve(seeder)
         artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
-        yield artifact, SharePuller(artifact, PieceAccess(port, TOKEN))
+        yield node, artifact, SharePuller(artifact, PieceAccess(port, TOKEN))
     finally:
         if server is not None:
             server.stop()
@@ -115,7 +118,7 @@ def _beside_a_seeder(tmp_path: Path) -> Iterator[tuple[Artifact, SharePuller]]:
 
 
 def test_a_new_node_pulls_its_share_once_each(tmp_path: Path) -> None:
-    with _beside_a_seeder(tmp_path) as (artifact, puller):
+    with _beside_a_seeder(tmp_path) as (_, artifact, puller):
         puller.want([1, 3])
         puller.add_seeders([SEEDER])
         wait_until(lambda: artifact.sink.have(1) and artifact.sink.have(3), 20, "the share")
@@ -126,7 +129,7 @@ def test_a_new_node_pulls_its_share_once_each(tmp_path: Path) -> None:
 
 def test_a_seeder_without_a_piece_server_leaves_the_share_to_libtorrent(tmp_path: Path) -> None:
     manifest = _manifest(tmp_path / "a.bin")
-    node = _daemon(tmp_path / "node", "127.0.0.3")
+    node = _daemon(tmp_path / "node", NODE)
     try:
         artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
         puller = SharePuller(artifact, PieceAccess(free_port(SEEDER), TOKEN))  # nobody there
@@ -145,7 +148,7 @@ def test_piece_servers_listen_only_beside_default_udp_servers() -> None:
 
 
 def test_a_seeder_that_does_not_serve_leaves_its_pieces_to_the_others(tmp_path: Path) -> None:
-    with _beside_a_seeder(tmp_path) as (artifact, puller):
+    with _beside_a_seeder(tmp_path) as (_, artifact, puller):
         puller.want([0, 1, 2, 3])
         puller.add_seeders(["127.0.0.4", SEEDER])  # nothing listens on the first
         wait_until(lambda: all(artifact.sink.have(i) for i in range(PIECES)), 20, "the share")
@@ -156,32 +159,20 @@ def _pulled_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
     """The pieces a new node pulled from a seeder in its first ~second beside it, before
     it saw any other new node. Its S3 endpoint: a listener on loopback (near), or a
     port nobody listens on (no round trip: taken as far)."""
-    source = tmp_path / "a.bin"
-    manifest = _manifest(source)
-    seeder = _daemon(tmp_path / "seeder", SEEDER)
-    node_address = "127.0.0.3"
-    node = _daemon(tmp_path / "node", node_address)
-    server = None
-    with contextlib.closing(socket.create_server((node_address, 0))) as s3:
-        try:
-            _holding(seeder, manifest, source)
-            server, port = _serve(seeder)
-            artifact = node._add(manifest, tmp_path / "node-data" / "a.bin", None, {"peers"})
-            s3_port = s3.getsockname()[1] if s3_near else free_port(node_address)
-            artifact.client = S3Client(f"http://{node_address}:{s3_port}")
-            artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
-            seedershare.start(node.session, artifact, node_address, PieceAccess(port, TOKEN))
-            if s3_near:
-                first = seedershare.first_pull(range(PIECES), [SEEDER], node_address)
-                assert first is not None
-                wait_until(lambda: artifact.sink.have(first[1]), 20, "the first pull")
-            time.sleep(4 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
-            return [i for i in range(PIECES) if artifact.sink.have(i)]
-        finally:
-            if server is not None:
-                server.stop()
-            node.close()
-            seeder.close()
+    with (
+        contextlib.closing(socket.create_server((NODE, 0))) as s3,
+        _beside_a_seeder(tmp_path) as (node, artifact, puller),
+    ):
+        s3_port = s3.getsockname()[1] if s3_near else free_port(NODE)
+        artifact.client = S3Client(f"http://{NODE}:{s3_port}")
+        artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
+        seedershare.start(node.session, artifact, NODE, puller.access)
+        if s3_near:
+            first = seedershare.first_pull(range(PIECES), [SEEDER], NODE)
+            assert first is not None
+            wait_until(lambda: artifact.sink.have(first[1]), 20, "the first pull")
+        time.sleep(4 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
+        return [i for i in range(PIECES) if artifact.sink.have(i)]
 
 
 def test_before_it_sees_another_new_node_a_node_pulls_one_piece(tmp_path: Path) -> None:
@@ -189,7 +180,7 @@ def test_before_it_sees_another_new_node_a_node_pulls_one_piece(tmp_path: Path) 
     them, not only once its connections show it the other new nodes (a share needs
     them): one piece of its own order, and nothing more meanwhile."""
     pulled = _pulled_beside_a_seeder(tmp_path, s3_near=True)
-    first = seedershare.first_pull(range(PIECES), [SEEDER], "127.0.0.3")
+    first = seedershare.first_pull(range(PIECES), [SEEDER], NODE)
     assert first is not None and pulled == [first[1]]
 
 
