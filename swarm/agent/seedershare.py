@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,7 +48,7 @@ import libtorrent as lt
 
 from swarm.agent.pieceserver import PieceClient
 from swarm.agent.registry import Artifact
-from swarm.agent.udpchoice import udp_wanted
+from swarm.agent.udpchoice import piece_ranks, udp_wanted
 from swarm.sources.peers import TorrentSession
 
 log = logging.getLogger(__name__)
@@ -117,17 +116,17 @@ def new_nodes_among(
     }
 
 
-def own_order(pieces: Iterable[int], own_address: str) -> list[int]:
-    """``pieces`` in an order of this node's own: a shuffle seeded by its address, the
-    same each time. Not sorted by a CRC of address and piece: CRC-32 is linear, so nodes
-    whose addresses differ in a few bits got nearly the same order (in one run two of
-    eight nodes made the same first pulls, and three shared a piece)."""
-    order = sorted(pieces)
-    random.Random(own_address).shuffle(order)
-    return order
+def own_order(pieces: Iterable[int], own_address: str, count: int) -> list[int]:
+    """``pieces`` (of ``count``) in an order of this node's own: by the hash of address and
+    piece that deals UDP pulls among a region (:func:`.udpchoice.piece_ranks`). Not
+    sorted by a CRC of address and piece: CRC-32 is linear, so nodes whose addresses
+    differ in a few bits got nearly the same order (in one run two of eight nodes made the
+    same first pulls, and three shared a piece)."""
+    ranks = piece_ranks(own_address, count)
+    return sorted(pieces, key=ranks.__getitem__)
 
 
-def to_pull(share: Share, nodes: int, own_address: str) -> list[int]:
+def to_pull(share: Share, nodes: int, own_address: str, count: int) -> list[int]:
     """What this node pulls from the seeders, in order: its own share; once that is in,
     the last of the others' (``left``: no more than one a node), each node in an order of
     its own. A share comes in at what its owner's downlink leaves beside its peer
@@ -138,15 +137,15 @@ def to_pull(share: Share, nodes: int, own_address: str) -> list[int]:
         return sorted(share.own)
     if len(share.left) > nodes:
         return []
-    return own_order(share.left, own_address)
+    return own_order(share.left, own_address, count)
 
 
 def first_pull(
-    missing: Iterable[int], seeders: Iterable[str], own_address: str
+    missing: Iterable[int], seeders: Iterable[str], own_address: str, count: int
 ) -> tuple[str, int] | None:
     """What a node pulls before it sees any other new node, when no share can be dealt
     yet: one piece, the first of its own order (:func:`own_order`), from one seeder that
-    its address picks (None: nothing missing, or no seeder). Once: a node that sees no
+    piece's rank picks (None: nothing missing, or no seeder). Once: a node that sees no
     other (the only new one) leaves the rest to libtorrent, which is not held off the
     seeders meanwhile.
 
@@ -167,10 +166,11 @@ def first_pull(
     S3, 100 ms and 0.5% loss away, where UDP carries the WAN and a TCP pull runs at a
     lossy long-RTT flow's rate: with the first pulls there, 8.10, 9.90, 8.26, 8.58 s
     against 7.77, 7.77, 8.24, 8.99 (four alternating pairs)."""
-    order, choices = own_order(missing, own_address), sorted(seeders)
+    order, choices = own_order(missing, own_address, count), sorted(seeders)
     if not order or not choices:
         return None
-    return random.Random(own_address).choice(choices), order[0]
+    piece = order[0]
+    return choices[piece_ranks(own_address, count)[piece] % len(choices)], piece
 
 
 def seeders_held(share: Share, released: bool) -> bool:
@@ -325,7 +325,7 @@ def _share(
             hold = holding  # no view of the fleet for now (connections come and go)
             if not first_decided:  # no share yet, and the seeders' uplinks idle until one
                 first_decided = True
-                first = first_pull(missing, seeders, own_address)
+                first = first_pull(missing, seeders, own_address, state.count)
                 if first is not None and not udp_wanted(artifact.s3_round_trip()):  # S3 near
                     seeder, piece = first
                     log.info("%s: piece %d from seeder %s before a share is dealt",
@@ -335,7 +335,7 @@ def _share(
         elif puller is not None and not puller.failed:
             first_decided = True  # a share before any first pulls: none
             puller.add_seeders(seeders)
-            puller.want(to_pull(share, len(new_nodes) + 1, own_address))
+            puller.want(to_pull(share, len(new_nodes) + 1, own_address, state.count))
             hold = seeders_held(share, released)
             released = released or (holding and not hold)
         if hold != holding:

@@ -302,7 +302,7 @@ def udp_wanted(s3_rtt: float | None) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _ranks(ip: str, count: int) -> array[int]:
+def piece_ranks(ip: str, count: int) -> array[int]:
     """A node's rank of each of ``count`` pieces: a hash of its address and the piece
     (8 bytes a piece: 64 members of 10,000-piece artifacts cost 5 MB). Cached: every
     batch deals the same region twice (:func:`region_order`, :func:`region_shares`), and
@@ -337,7 +337,7 @@ def region_order(own_ip: str, near_ips: Iterable[str], count: int) -> Callable[[
     for all (the far end of each owner's share), every helper took the same pieces: the
     four far-region nodes' second sessions pulled the same 16 pieces from the seeders."""
     region = sorted({own_ip, *near_ips})
-    ranks = [_ranks(ip, count) for ip in region]
+    ranks = [piece_ranks(ip, count) for ip in region]
     me = region.index(own_ip)
 
     def key(index: int) -> tuple[int, int]:
@@ -357,7 +357,7 @@ def region_shares(members: tuple[str, ...], count: int) -> dict[str, tuple[int, 
     pass over the pieces (a C-level max per piece), kept for the region: owners' shares
     were a :func:`region_order` key per piece per owner, 40 million steps for 64 members
     of a 10,000-piece artifact."""
-    ranks = [_ranks(ip, count) for ip in members]
+    ranks = [piece_ranks(ip, count) for ip in members]
     shares: list[list[int]] = [[] for _ in members]
     for index, column in enumerate(zip(*ranks, strict=True)):
         shares[column.index(max(column))].append(index)

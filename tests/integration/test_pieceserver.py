@@ -168,7 +168,7 @@ def _pulled_beside_a_seeder(tmp_path: Path, s3_near: bool) -> list[int]:
         artifact.seeders = (SEEDER,)  # as the first plan naming them sets it
         seedershare.start(node.session, artifact, NODE, puller.access)
         if s3_near:
-            first = seedershare.first_pull(range(PIECES), [SEEDER], NODE)
+            first = seedershare.first_pull(range(PIECES), [SEEDER], NODE, PIECES)
             assert first is not None
             wait_until(lambda: artifact.sink.have(first[1]), 20, "the first pull")
         time.sleep(4 * seedershare.SHARE_INTERVAL)  # the loop's next looks pull no more
@@ -180,7 +180,7 @@ def test_before_it_sees_another_new_node_a_node_pulls_one_piece(tmp_path: Path) 
     them, not only once its connections show it the other new nodes (a share needs
     them): one piece of its own order, and nothing more meanwhile."""
     pulled = _pulled_beside_a_seeder(tmp_path, s3_near=True)
-    first = seedershare.first_pull(range(PIECES), [SEEDER], NODE)
+    first = seedershare.first_pull(range(PIECES), [SEEDER], NODE, PIECES)
     assert first is not None and pulled == [first[1]]
 
 

@@ -96,21 +96,21 @@ def test_the_seeders_are_held_off_while_its_own_share_comes_and_not_again() -> N
 def test_before_any_view_each_node_pulls_one_piece_of_its_own_from_one_seeder() -> None:
     nodes = [f"10.77.0.{i}" for i in range(4, 12)]
     seeders = ["10.77.0.2", "10.77.0.3"]
-    firsts = [first_pull(range(128), seeders, own) for own in nodes]
+    firsts = [first_pull(range(128), seeders, own, 128) for own in nodes]
     assert all(first is not None for first in firsts)
     pieces = [first[1] for first in firsts if first]
     assert len(set(pieces)) == len(nodes)  # eight nodes starting together: distinct pieces
     by_seeder = [sum(1 for first in firsts if first and first[0] == s) for s in seeders]
     assert min(by_seeder) >= 2  # the first GETs spread over the seeders
-    assert first_pull([5, 9], seeders, nodes[0]) in [(s, p) for s in seeders for p in (5, 9)]
-    assert first_pull([], seeders, nodes[0]) is None
-    assert first_pull(range(128), [], nodes[0]) is None
+    assert first_pull([5, 9], seeders, nodes[0], 128) in [(s, p) for s in seeders for p in (5, 9)]
+    assert first_pull([], seeders, nodes[0], 128) is None
+    assert first_pull(range(128), [], nodes[0], 128) is None
 
 
 def test_nodes_with_neighbouring_addresses_order_pieces_unlike_each_other() -> None:
     # CRC-32 of "address piece" is linear in the address's bits: 10.77.0.4 and .5 got
     # nearly the same order; a node's own order must not follow its neighbour's.
     nodes = [f"10.77.0.{i}" for i in range(4, 12)]
-    firsts = [own_order(range(128), own)[:8] for own in nodes]
+    firsts = [own_order(range(128), own, 128)[:8] for own in nodes]
     shared = [len(set(a) & set(b)) for i, a in enumerate(firsts) for b in firsts[i + 1 :]]
-    assert max(shared) <= 2  # random orders: 0.5 pieces of 8 shared on average
+    assert max(shared) <= 2  # independent orders: 0.5 pieces of 8 shared on average
