@@ -160,6 +160,8 @@ def first_pull(
     is shared by half the new nodes' first GETs (two seeders), so a first piece is whole
     sooner and relayed sooner; three alternating pairs against one from each: 26.09,
     26.08, 26.36 s (median nodes 25.11-25.52) against 26.70, 25.90, 26.49 (25.69-25.85).
+    (Those pairs ordered pieces and picked the seeder by a shuffle seeded by the address;
+    :func:`own_order` uses the UDP source's hash since, not measured in a fleet apart.)
 
     Only where S3 is near (the round trip the S3 reader measured before its first GET;
     a seeder's own is known only once connected). In far-region the seeders sit beside
