@@ -8,8 +8,9 @@ Its roles, a module each: the artifact registry (:mod:`.registry`), sources as
 supervised tasks (:mod:`.supervisor`, with the S3 reader :mod:`.origin` and the UDP
 source :mod:`.udpsource`), the whole-file hash and DEST (:mod:`.finisher`, run for each
 artifact by :mod:`.completion`), status (:mod:`.status`), the local API (:mod:`.api`),
-the reporter (:mod:`.reporter`), what the UDP server sees of the pieces held
-(:mod:`.held`) and the process (:mod:`.serve`).
+the reporter (:mod:`.reporter`), the peer filter kept to the fleet's members
+(:mod:`.membership`), what the UDP server sees of the pieces held (:mod:`.held`) and the
+process (:mod:`.serve`).
 This module ties them together.
 
 State under ``SWARM_HOME``::
@@ -28,7 +29,6 @@ import contextlib
 import errno
 import functools
 import logging
-import math
 import os
 import secrets
 import threading
@@ -47,6 +47,7 @@ from swarm.agent.destlock import DestLock
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
+from swarm.agent.membership import Membership
 from swarm.agent.origin import PLAN_TTL, read_origin
 from swarm.agent.pieceserver import pieces_port
 from swarm.agent.registry import Artifact
@@ -70,23 +71,6 @@ log = logging.getLogger(__name__)
 AUTO_UDP = "udp-auto"
 """The task name of the automatic UDP source (:mod:`.udpauto`), beside ``s3`` and
 ``udp://HOST:PORT``."""
-
-REANNOUNCE_GAP = 2.0
-"""Least seconds between announces forced by new fleet members: a scale-out of a
-thousand nodes changes the membership at every report, and each change must not cost
-the tracker an announce per node (at most one per node every two seconds)."""
-
-BLOCKED_WAKE_GAP = 1.0
-"""Least seconds between reports sent early because the peer filter refused an address
-it had not refused before (:meth:`Daemon.peer_blocked`); never less than the report
-interval the coordinator asks for (it stretches it as the fleet grows)."""
-
-MAX_DIALS = 32
-"""Newly admitted members one reply's admission dials at once (those refused before they
-were known first); the announce it triggers finds the rest."""
-
-MAX_REFUSED = 4096
-"""Addresses remembered as refused (each wakes the reporter once); forgotten past this."""
 
 DAEMON_S3_ATTEMPTS = 3
 """The S3 client's own tries per call in the daemon: its retries are silent (eight of them
@@ -165,15 +149,8 @@ class Daemon:
         self.asg_groups: set[str] = set()
         self.extra_peers: list[tuple[str, int]] = []
         """Peers known without the tracker (``--peers-from-asg``), dialled for every torrent."""
-        self._admitted: set[str] = set()
-        """Addresses the peer filter lets through (:meth:`take_members`)."""
-        self._reannounce: threading.Timer | None = None
-        self._reannounced_at = -math.inf
-        self._blocked_wake_at = -math.inf
-        self._refused: set[str] = set()
         self.report_interval = 1.0
         """The report interval the coordinator asked for last (set by the reporter)."""
-        self.session.on_blocked = self.peer_blocked
         self.token = fleet_token(settings.secret) if settings.secret else None
         self.udp_secret = udp_secret(settings.secret)
         """With a fleet secret: required on the local API, sent to the coordinator, and
@@ -185,8 +162,20 @@ class Daemon:
         """Every coordinator of the fleet (``A,B``): reports and announces fail over."""
         query = f"?token={self.token}" if self.token else ""  # trackers take no headers
         self.trackers = [f"{url}/announce{query}" for url in self.coordinators]
-        if self.token:
-            self.session.admit_only([])  # nobody, until the coordinator names the members
+        self.membership = (
+            Membership(
+                self.session,
+                listen_ip,
+                lambda: (ip for ip, _ in self.extra_peers),
+                lambda: self.wake_reporter(),
+                lambda: self.report_interval,
+            )
+            if self.token
+            else None
+        )
+        """The peer filter kept to the coordinator's members (None: an open fleet)."""
+        if self.membership is not None:
+            self.session.on_blocked = self.membership.refused
         self.completion = Completion(
             self.session,
             self.home,
@@ -517,88 +506,10 @@ class Daemon:
         return len(torrents) * len(addresses)
 
     def take_members(self, members: list[str]) -> None:
-        """The coordinator's authenticated members (plus peers known otherwise) become the
-        only addresses a peer connection may use."""
-        if self.token:
-            allowed = {str(m) for m in members} | {ip for ip, _ in self.extra_peers}
-            allowed.add(self.listen_ip)
-            self.session.admit_only(sorted(allowed))
-            # libtorrent drops a peer its filter blocked (from the tracker's list, or
-            # dialling in) and tries it again only after the next announce, 30 s on:
-            # nodes of a scale-out announce before the coordinator names them members,
-            # and the mixed fleet ran as a star around its last node for those 30 s
-            # (every other node had one peer). Newly admitted members are asked for
-            # again: an announce now, or REANNOUNCE_GAP seconds after the last one.
-            added = allowed - self._admitted
-            self._admitted = allowed
-            if added:
-                self._announce_soon()
-            # Newly admitted members are dialled now too, for the torrents still
-            # downloading: the announce is no sooner than the next whole second
-            # (libtorrent's force_reannounce), 0.01-0.8 s after a member list in existing
-            # seeders' runs, and a member that dialled in before this node knew it (a
-            # node that started later) retries only after its own next announce. First
-            # those refused, then the rest. At this node's own port: the fleet's (as the
-            # UDP port), since members are addresses only. A few at most: the announce
-            # finds the rest.
-            added.discard(self.listen_ip)
-            refused = added & self._refused
-            self._refused -= refused
-            dial = [*sorted(refused), *sorted(added - refused)][:MAX_DIALS]
-            if dial:
-                port = self.session.listen_port
-                for info_hash, state in list(self.session.torrents.items()):
-                    if not state.finished.is_set():
-                        self.session.dial(info_hash, tuple((ip, port) for ip in dial))
-
-    def peer_blocked(self, ip: str) -> None:
-        """The peer filter refused ``ip``: most likely a node that joined since this
-        node's last report (members are learnt from report replies, one a second or
-        slower). Report now for the new list, at most every :data:`BLOCKED_WAKE_GAP`: a
-        member learnt is dialled at once (:meth:`take_members`).
-        far-region's seeders refused the four new nodes for up to a second after they
-        joined, until the seeders' next report, and the nodes' first UDP sessions (which
-        need a libtorrent connection to see a holder) waited on it. An address refused
-        before (a host that is no member, dialling again) wakes nothing: at a report a
-        second per node a fleet of thousands would exceed the coordinator's budget. That
-        includes one first refused within the gap, which woke nothing then (remembering
-        only the addresses that woke a report measured no faster: README)."""
-        now = time.monotonic()
-        if ip in self._refused:
-            return
-        if len(self._refused) >= MAX_REFUSED:
-            self._refused.clear()
-        self._refused.add(ip)
-        if now - self._blocked_wake_at < max(BLOCKED_WAKE_GAP, self.report_interval):
-            return  # (a race of two alerts costs one more report: no lock)
-        self._blocked_wake_at = now
-        log.debug("peer filter refused %s: reporting for a fresh member list", ip)
-        self.wake_reporter()
-
-    def _announce_soon(self) -> None:
-        with self._lock:
-            if self._reannounce is not None:
-                return  # one is due already: it will see the newest members
-            if not self.session.torrents:
-                # Nothing to announce: a torrent added later announces itself under the
-                # filter already set. Counted, such an admission held the next members'
-                # announce back for REANNOUNCE_GAP (a daemon learns its first members
-                # before its fetch request; the s3-fast fleet's peers met 1.7 s after
-                # their torrents were added). Decided here, not when the timer fires: a
-                # timer late on a loaded host (CI) found the torrent added since.
-                return
-            wait = max(0.0, REANNOUNCE_GAP - (time.monotonic() - self._reannounced_at))
-            self._reannounce = threading.Timer(wait, self._announce_now)
-            self._reannounce.daemon = True
-            self._reannounce.start()
-
-    def _announce_now(self) -> None:
-        with self._lock:
-            self._reannounce = None
-            if not self.session.torrents:
-                return  # dropped since it was asked for: not counted (see _announce_soon)
-            self._reannounced_at = time.monotonic()
-        self.session.reannounce()
+        """The coordinator's member list (:meth:`.membership.Membership.take`); nothing in
+        an open fleet, whose filter lets everyone through."""
+        if self.membership is not None:
+            self.membership.take(members)
 
     def take_plans(self, plans: dict[str, Any], interval: float = 1.0) -> None:
         """Take the coordinator's plans; one stays fresh for three report intervals (the
@@ -657,9 +568,8 @@ class Daemon:
         }
 
     def close(self) -> None:
-        with self._lock:
-            if self._reannounce is not None:
-                self._reannounce.cancel()
+        if self.membership is not None:
+            self.membership.close()
         for artifact in self.artifacts.values():
             artifact.cancel.set()
         self.session.close(timeout=STOP_BUDGET / 2)

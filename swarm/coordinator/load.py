@@ -85,7 +85,7 @@ the eight new nodes' lists were complete only 1.9-2.1 s into the run with a 1 s 
 (each node refused the nodes that reported after it, until its own next report), the
 new nodes' connections to each other waited on it, and so did each node's share of the
 seeders' pieces (:mod:`swarm.agent.seedershare` deals them among the nodes it sees).
-With this and the daemon dialling newly admitted members (``Daemon.take_members``),
+With this and the daemon dialling newly admitted members (``Membership.take``),
 alternating runs against both undone (``bench/fleet.py --systems swarm``, session 46):
 swarm-bound 7.61 s mean against 7.81 (four pairs, all faster; first MB 0.83-1.06 s
 against 0.94-1.14), existing seeders 8.02 against 8.24 (three, two faster); mixed 10.58

@@ -312,7 +312,7 @@ class StripePlanner:
             # node after another and its origin sent each piece seven times). A node
             # that receives next to nothing still widens: with its exchange stalled
             # (the mixed fleet once ran as a star for 30 s, every node but one with a
-            # single peer: Daemon.take_members) a plan without WIDE took 5x T*.
+            # single peer: Membership.take) a plan without WIDE took 5x T*.
             state = MixState(Mode.STRIPE)
         elif state.mode is Mode.WIDE and among_seeders and before_allocation and not stalled:
             # Beside seeders, before the first allocation, a node that receives anything

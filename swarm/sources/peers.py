@@ -501,7 +501,7 @@ class TorrentSession:
                 state.handle.connect_peer(address)
 
     def reannounce(self) -> None:
-        """Announce every torrent now, for a fresh peer list (see ``Daemon.take_members``)."""
+        """Announce every torrent now, for a fresh peer list (see ``Membership.take``)."""
         for state in list(self.torrents.values()):
             with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
                 state.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)

@@ -1,5 +1,5 @@
 """A daemon in an authenticated fleet announces again when the coordinator names new
-members (swarm/agent/daemon.py, ``Daemon.take_members``): libtorrent drops a peer that
+members (swarm/agent/membership.py, ``Membership.take``): libtorrent drops a peer that
 its filter blocked, and would try it again only at its next announce."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import fastbencode
 import pytest
 
-from swarm.agent.daemon import BLOCKED_WAKE_GAP, REANNOUNCE_GAP, Daemon
+from swarm.agent.daemon import Daemon
+from swarm.agent.membership import BLOCKED_WAKE_GAP, REANNOUNCE_GAP
 from swarm.config import Settings
 from swarm.manifest import Manifest
 from tests.servers import free_port, wait_until
@@ -108,7 +109,7 @@ def test_members_named_before_any_torrent_do_not_hold_back_the_next_announce(
         daemon.take_members(["127.0.0.20"])  # no torrent yet
         # nothing scheduled: a timer that fired late, after the torrent below was added,
         # announced then and held the next members' announce back (seen in CI)
-        assert daemon._reannounce is None
+        assert daemon.membership is not None and daemon.membership._reannounce is None
         time.sleep(0.2)
         daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers"})
         wait_until(lambda: len(tracker.announces) >= 1, 10, "the torrent's first announce")

@@ -148,7 +148,7 @@ def test_a_piece_kept_from_peers_for_two_reasons_comes_again_once_both_end(
 
 def test_a_connection_the_member_filter_refuses_is_reported(tmp_path: Path) -> None:
     # A node that joined since this one's last report is refused by its peer filter; the
-    # daemon reports at once on it (Daemon.peer_blocked) to learn the new member.
+    # daemon reports at once on it (Membership.refused) to learn the new member.
     src, manifest = _artifact(tmp_path)
     holder = TorrentSession("127.0.0.1", 0, tmp_path / "holder")
     newcomer = TorrentSession("127.0.0.2", 0, tmp_path / "newcomer")
