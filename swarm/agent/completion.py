@@ -21,7 +21,8 @@ from swarm.agent import finisher, registry, treefs
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.registry import Artifact
 from swarm.errors import IntegrityError, SwarmError
-from swarm.sources.peers import CHECKING, TorrentSession
+from swarm.sources.peers import TorrentSession
+from swarm.sources.torrentstate import CHECKING
 
 log = logging.getLogger(__name__)
 

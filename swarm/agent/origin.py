@@ -27,9 +27,10 @@ from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
 from swarm.sources import PieceSink
-from swarm.sources.peers import CHECKING, TorrentSession, TorrentState
+from swarm.sources.peers import TorrentSession
 from swarm.sources.s3 import S3Source, S3SourceConfig
 from swarm.sources.s3width import GetWidth
+from swarm.sources.torrentstate import CHECKING, TorrentState
 
 log = logging.getLogger(__name__)
 

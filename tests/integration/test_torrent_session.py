@@ -16,7 +16,8 @@ from swarm.agent.hybrid import TorrentSink
 from swarm.agent.origin import partly_received, writing_directly
 from swarm.agent.registry import Artifact
 from swarm.manifest import Manifest
-from swarm.sources.peers import CHECKING, TorrentSession, TorrentState
+from swarm.sources.peers import TorrentSession
+from swarm.sources.torrentstate import CHECKING, TorrentState
 from tests.conftest import make_artifact
 
 PIECE = 256 << 10

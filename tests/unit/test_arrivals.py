@@ -1,11 +1,11 @@
-"""A torrent's arrivals (:meth:`swarm.sources.peers.TorrentState.note_arrival`): what the
+"""A torrent's arrivals (:meth:`swarm.sources.torrentstate.TorrentState.note_arrival`): what the
 whole-file hasher and the end of a fetch wait on instead of polling."""
 
 from __future__ import annotations
 
 import threading
 
-from swarm.sources.peers import TorrentState
+from swarm.sources.torrentstate import TorrentState
 
 
 def test_a_waiter_wakes_when_a_piece_arrives_not_at_its_timeout():
