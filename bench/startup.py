@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from swarm.lab.fleet import compile_swarm
 from swarm.lab.hosts import LocalHost, free_port
 from swarm.lab.jobs import Job, wait_jobs
 from swarm.lab.procs import cpu_seconds, daemon_pid, stop_daemons
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("aria2c is not installed (apt-get install aria2)")
     size = parse_size(args.size)
     build_minio(log)
+    compile_swarm()  # as an install has it: a checkout's stale modules compiled at each start
     work = Path(tempfile.mkdtemp(prefix="swarm-startup-"))
     host = LocalHost()
     env = {
