@@ -71,7 +71,8 @@ at once (a connection's bandwidth request is about a second of its recent rate, 
 whole). The kernel's pacing of the same connections (as :mod:`.uplink` sets it) held
 2.0 MB/s from the next second, but as this hold it measured slower (README, session 48):
 far-region 8.45 s mean against 8.03 (four alternating pairs), existing seeders at a
-quarter 27.25 against 26.77 (three)."""
+quarter 27.25 against 26.77 (three); and so did no hold at all (the request queues only):
+8.12 against 7.82 (four), 26.89 against 26.42 (three)."""
 
 MIN_LIMIT: Final = 64 * 1024
 """Bytes/s below which the limit is not set (an upload rate that low queues nothing)."""
