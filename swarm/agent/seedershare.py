@@ -168,11 +168,11 @@ def first_pull(
     S3, 100 ms and 0.5% loss away, where UDP carries the WAN and a TCP pull runs at a
     lossy long-RTT flow's rate: with the first pulls there, 8.10, 9.90, 8.26, 8.58 s
     against 7.77, 7.77, 8.24, 8.99 (four alternating pairs)."""
-    order, choices = own_order(missing, own_address, count), sorted(seeders)
-    if not order or not choices:
+    ranks, choices = piece_ranks(own_address, count), sorted(seeders)
+    piece = min(missing, key=ranks.__getitem__, default=None)
+    if piece is None or not choices:
         return None
-    piece = order[0]
-    return choices[piece_ranks(own_address, count)[piece] % len(choices)], piece
+    return choices[ranks[piece] % len(choices)], piece
 
 
 def seeders_held(share: Share, released: bool) -> bool:
