@@ -286,6 +286,19 @@ class TorrentSession:
         if not on or finishing:  # in order on libtorrent's thread: after the cancels
             handle.unset_flags(lt.torrent_flags.upload_mode)
 
+    def finish_from_peers(self, info_hash: str, pieces: Collection[int]) -> None:
+        """Under upload-only, let libtorrent complete ``pieces`` too (as ``finishing`` in
+        :meth:`upload_only`): blocks of them landed after its cancels. Upload mode ends
+        if it was on (nothing was partly sent at the switch): libtorrent asks for the
+        rest of these, and every other missing piece stays at priority 0."""
+        state = self.torrents[info_hash]
+        with self._priorities:
+            if state.peers_finish is None:
+                return  # upload-only has ended: every piece is wanted again
+            state.peers_finish.update(pieces)
+            self._prioritize(state, pieces)
+        state.handle.unset_flags(lt.torrent_flags.upload_mode)  # after the priorities
+
     def hold_back(self, info_hash: str, pieces: list[int], on: bool) -> None:
         """Keep peers from bringing ``pieces`` (libtorrent's priority 0) while S3 reads
         them, or let them again (its default priority). A piece held back from peers is

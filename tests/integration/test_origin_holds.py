@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import libtorrent as lt
@@ -137,6 +138,76 @@ def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
         # reader waits on peers that send nothing, or finishes well inside the window
         read_to_the_end(daemon, manifest, env, tmp_path, {"stripe": [], "mode": "all"}, 60, 30)
         assert left and left[0] == {3, 9}  # they were left to peers at the switch
+    finally:
+        daemon.close()
+
+
+class QueueOf:
+    """A torrent handle whose download queue is made up (every other call goes to the
+    real one): ``before`` until ``switched`` is set, then ``after``."""
+
+    def __init__(self, handle: object, before: dict[int, list[int]], after: dict[int, list[int]]):
+        self._handle, self._before, self._after = handle, before, after
+        self.switched = False
+
+    def get_download_queue(self) -> list[dict[str, object]]:
+        queue = self._after if self.switched else self._before
+        return [
+            {"piece_index": index, "blocks": [{"state": state} for state in states]}
+            for index, states in queue.items()
+        ]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._handle, name)
+
+
+def test_under_all_the_pieces_asked_of_peers_that_get_blocks_after_the_cancel_are_theirs(
+    env: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # libtorrent's cancels at the switch to ALL do not stop the blocks already on their
+    # way, and it keeps them: the pieces it had asked peers for (3, 9) are left alone
+    # LANDING_SECONDS, then those that got a block (3) are libtorrent's to finish, as the
+    # one partly sent at the switch (5); S3 reads the rest. Read from S3, such a piece
+    # came whole past libtorrent and the blocks peers had sent of it went for nothing.
+    monkeypatch.setattr(origin, "PEERS_FINISH_SECONDS", 60.0)
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    session = daemon.session
+    real_upload_only, real_finish = session.upload_only, session.finish_from_peers
+    left: list[set[int]] = []
+    queue: QueueOf | None = None
+
+    def upload_only(info_hash: str, on: bool, finishing: Collection[int] = ()) -> None:
+        if on:
+            left.append(set(finishing))
+            assert queue is not None
+            queue.switched = True  # the cancels: blocks on their way land after them
+        real_upload_only(info_hash, on, finishing)
+
+    def finish_from_peers(info_hash: str, pieces: Collection[int]) -> None:
+        left.append(set(pieces))
+        real_finish(info_hash, pieces)
+
+    session.upload_only = upload_only  # type: ignore[method-assign]
+    session.finish_from_peers = finish_from_peers  # type: ignore[method-assign]
+    try:
+        dest = tmp_path / "data" / "a.bin"
+        artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
+        artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
+        state = session.torrents[manifest.info_hash]
+        requested, received = 1, 3  # libtorrent's block states
+        queue = QueueOf(
+            state.handle,
+            before={5: [received, requested], 3: [requested], 9: [requested]},
+            after={5: [received, requested], 3: [received, requested], 9: []},
+        )
+        state.handle = queue
+        daemon.take_plans({manifest.info_hash: {"stripe": [], "mode": "all"}}, interval=60)
+        reader = start_reader(daemon, artifact)
+        reader.join(30)
+        assert not reader.is_alive()
+        assert artifact.complete_on_disk()  # no peer sends them: S3 reads them at the end
+        assert left == [{5}, {3}]
     finally:
         daemon.close()
 

@@ -262,6 +262,25 @@ def test_upload_only_lets_libtorrent_finish_only_the_pieces_peers_partly_sent(
     _settles(state, [4] * PIECES, upload_mode=False)
 
 
+def test_pieces_whose_blocks_landed_after_the_cancel_are_finished_by_libtorrent_too(
+    session: TorrentSession, tmp_path: Path
+) -> None:
+    # ALL with nothing partly sent: upload mode; blocks that were on their way land
+    # after its cancels, and those pieces are then libtorrent's to complete as well.
+    _, manifest = _artifact(tmp_path)
+    state = session.add(manifest, tmp_path / "data.bin", [])
+    ih = manifest.info_hash
+
+    session.upload_only(ih, True)
+    _settles(state, [0] * PIECES, upload_mode=True)
+    session.finish_from_peers(ih, {1, 6})
+    _settles(state, [0, 4, 0, 0, 0, 0, 4, 0], upload_mode=False)
+    session.upload_only(ih, False)
+    _settles(state, [4] * PIECES, upload_mode=False)
+    session.finish_from_peers(ih, {2})  # after ALL: nothing to do
+    _settles(state, [4] * PIECES, upload_mode=False)
+
+
 def test_partly_received_pieces_are_those_with_a_block_in() -> None:
     def piece(index: int, states: list[int]) -> dict[str, Any]:
         return {"piece_index": index, "blocks": [{"state": s} for s in states]}
