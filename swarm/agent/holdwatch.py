@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 BEHIND_SHARE = 1 / 3
 """S3 has fallen behind the plan when a batch gets less than this share of the plan's
-S3 rate over :data:`WINDOW` seconds (as :data:`swarm.coordinator.capacity.ALL_SLOWED`
+S3 rate over :data:`WINDOW` seconds (as :data:`swarm.coordinator.originmeter.ALL_SLOWED`
 judges a slowed S3 under ALL: at a smaller shortfall, a downlink S3 shares with peers
 would release batches that were on time)."""
 

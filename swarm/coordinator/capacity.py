@@ -25,7 +25,8 @@ spread, the nodes' peaks show what a node can take besides S3: where the origin 
 bottleneck (100 Mbit for 8 nodes) a reader gets a fraction of its node's peak; where S3
 is in the same region it fills the link, as much as peers or more. Under ALL the peaks
 stand (a node takes nothing from peers then), so ALL is undone by S3's rates of the
-moment instead: when they fall well below the peaks (:func:`s3_slowed`), the origin's
+moment instead: when they fall well below the peaks
+(:meth:`~swarm.coordinator.originmeter.OriginMeter.slowed_under_all`), the origin's
 rates are measured afresh.
 
 A report costs O(1) (one node's entry replaced); the allocation is recomputed from the
@@ -42,13 +43,13 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bound
 from swarm.coordinator.links import Link, snapshot
+from swarm.coordinator.originmeter import MIX_SLOWED_PROOF, OriginMeter
 from swarm.coordinator.planstate import drop_artifacts
 
 log = logging.getLogger(__name__)
@@ -106,37 +107,6 @@ ALL, MIX 52%, ALL within three seconds, and since a node that went ALL writes it
 pieces past libtorrent, the MIX in between had it take the same pieces from peers."""
 
 
-ALL_SLOWED: Final = 1 / 3
-"""Under ALL (once it has stood :data:`ALL_PROOF`), S3 has slowed when the median
-fetching node gets less than this share of the most S3 ever gave it over one interval
-(the S3 peak that made ALL), and the fleet as a whole less than this share of the most
-the origin gave it on average (:func:`s3_slowed`): throttled, or an origin another
-fleet now shares. ALL is taken back, and the origin's rates are measured afresh.
-Without this, a slowing S3 kept ALL for good: under ALL a node takes nothing from peers,
-its peaks are maxima, and they went on saying that S3 had filled every link. Not at a
-smaller slowdown: s3-fast's nodes get about half their stripes' rate under ALL (two
-cores for six nodes and MinIO), and peers would not do better there. Not on the nodes'
-shares alone: a node's peak may be from a moment it read alone, and under ALL every
-node shares the origin. slow-uploads at a quarter of its rates (origin 250 Mbit, eight
-nodes of 100 whose uploads are 5 Mbit) had ALL taken back so, once or twice a run, while
-the origin sent all it could; its nodes then waited on stripes and peers."""
-
-MIX_SLOWED_PROOF: Final = 2.0
-"""Under a direct share (MIX), S3 has slowed once the readers of the moment have got
-less than :data:`ALL_SLOWED` of the origin's peak for this many seconds
-(:func:`s3_fell_under_mix`); the origin's rates are then measured afresh, as under ALL."""
-
-RECENT_SECONDS: Final = 2.0
-"""The fleet's S3 rate of the moment (:func:`s3_slowed`) is its readers' byte counters
-over at least this many seconds: the counters of whole pieces, reported one interval
-apart, make a single interval's sum swing by half (a window of one report per node
-summed to 8 MB/s of the 31 the origin sent)."""
-
-
-ORIGIN_WINDOW: Final = 1.0
-"""Nodes whose S3 rates were reported within this many seconds read S3 together (one
-report interval)."""
-
 SPARE_SHARE: Final = 0.5
 """Under a MIX allocation, nodes with nothing else to read from S3 fill from it while
 its readers of the moment take less than this share of it (:meth:`CapacityBook.origin_spare`)."""
@@ -167,45 +137,8 @@ class _Artifact:
     """Since when the allocation has had a direct share (see :data:`DIRECT_HOLD`)."""
     all_since: float | None = None
     """Since when the allocation has been ALL (see :data:`ALL_PROOF`)."""
-    origin_peak: float = 0.0
-    """The most S3 gave its readers together (the sum of their rates) this cohort:
-    what the origin can give at least. The per-reader rate times the readers of the
-    moment falls with the readers, and the plan then saw no S3 capacity because it had
-    put the nodes on peers (slow-uploads: stripes alone, 4.5x T*)."""
-    s3_rates: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Each node's S3 rate over its last report interval, and when it reported it."""
-    together: float = 0.0
-    """The most those rates summed to, over the nodes that reported within
-    :data:`ORIGIN_WINDOW` of each other, as of any report (see :func:`fed_every_link`).
-    Taken at snapshots only, it missed the stripes: a snapshot comes once every piece
-    has left the origin, by when most stripes are done, and s3-fast went MIX."""
-    window: deque[tuple[float, str]] = field(default_factory=deque)
-    """(when, node) of the S3 rates reported within :data:`ORIGIN_WINDOW` (and older
-    ones not yet dropped), oldest first."""
-    window_sum: float = 0.0
-    """The sum of the rates in :attr:`window` still within it, one per node."""
-    s3_bytes: dict[str, int] = field(default_factory=dict)
-    """Each node's S3 byte counter as last reported (kept when it completes)."""
-    s3_read: int = 0
-    """Bytes the readers' S3 counters grew by this cohort, summed report by report (a
-    node's first report counts whole; a counter that went away or back to zero
-    subtracts nothing): what the origin has given the cohort."""
-    cohort_start: float = math.inf
-    """When the cohort's first fetch started (the coordinator's clock: a report's arrival
-    less the node's ``elapsed``)."""
-    read_base: int = 0
-    """:attr:`s3_read` when the origin's rates were last measured afresh (ALL taken
-    back): the cohort's average counts from there."""
-    measured_since: float = -math.inf
-    """When that was (the average's start, if later than :attr:`cohort_start`)."""
-    totals: deque[tuple[float, int]] = field(default_factory=deque)
-    """(when, :attr:`s3_read`) at each snapshot, the oldest kept at least
-    :data:`RECENT_SECONDS` old: the fleet's S3 rate of the moment."""
-    measured_afresh: bool = False
-    """S3 slowed this cohort (under ALL, or under a direct share) and the origin's rates
-    were measured afresh: the origin is what it gave the fleet since (not the per-reader
-    estimate, which remembers the faster S3 for tens of seconds); ALL comes back only if
-    S3 fills every link at once again."""
+    origin: OriginMeter = field(default_factory=OriginMeter)
+    """What S3 gives this cohort."""
     mix_slow_since: float | None = None
     """Since when the readers have got too little of the origin under a direct share
     (see :data:`MIX_SLOWED_PROOF`)."""
@@ -256,17 +189,7 @@ class CapacityBook:
                 art.allocation, art.peers_since, art.at = None, None, -math.inf
                 art.all_only_at = -math.inf
                 art.mix_since, art.all_since = None, None
-                art.origin_peak, art.together = 0.0, 0.0
-                art.s3_rates.clear()
-                art.window.clear()
-                art.window_sum = 0.0
-                art.s3_bytes.clear()
-                art.cohort_start = math.inf
-                art.read_base = 0
-                art.measured_since = -math.inf
-                art.totals.clear()
-                art.s3_read = 0
-                art.measured_afresh = False
+                art.origin = OriginMeter()
             previous = art.links.get(node)
             shown = (previous is not None and previous.upload_bound) or (
                 backlog > 0 and backlog >= BACKLOG_SECONDS * down_peak
@@ -277,9 +200,8 @@ class CapacityBook:
     def note_origin(self, info_hash: str, aggregate: float) -> None:
         """What S3 gives its readers together now (bytes/s), for the origin's peak."""
         art = self._artifacts.get(info_hash)
-        # (not once ALL was taken back: the readers' averages remember the faster S3)
-        if art is not None and not art.measured_afresh:
-            art.origin_peak = max(art.origin_peak, aggregate)
+        if art is not None:
+            art.origin.note_aggregate(aggregate)
 
     def note_s3(
         self,
@@ -292,26 +214,12 @@ class CapacityBook:
     ) -> None:
         """A node's S3 rate over its last report interval (bytes/s, from its counter),
         its S3 byte counter ``total`` and when its fetch started (``started``, the
-        coordinator's clock; None if the node sends no clock). O(1) amortized: the sum of
-        the rates within :data:`ORIGIN_WINDOW` is kept as reports come and go; the other
-        sums over the nodes are taken per snapshot (:meth:`allocation`)."""
+        coordinator's clock; None if the node sends no clock): the artifact's
+        :class:`OriginMeter`. O(1) amortized; the sums over the nodes are taken per
+        snapshot (:meth:`allocation`)."""
         art = self._artifacts.get(info_hash)
         if art is not None:
-            recent = now - ORIGIN_WINDOW
-            while art.window and art.window[0][0] < recent:
-                at, gone = art.window.popleft()
-                entry = art.s3_rates.get(gone)
-                if entry is not None and entry[1] == at:  # its latest rate leaves the window
-                    art.window_sum -= entry[0]
-            _withdraw(art, node, recent)  # replaced by this report's
-            art.s3_rates[node] = (rate, now)
-            art.window.append((now, node))
-            art.window_sum = max(0.0, art.window_sum + rate)
-            art.together = max(art.together, art.window_sum)
-            if started is not None:
-                art.s3_read += max(0, total - art.s3_bytes.get(node, 0))
-                art.s3_bytes[node] = total
-                art.cohort_start = min(art.cohort_start, started)
+            art.origin.note_s3(node, rate, now, total, started)
 
     def allocation(
         self,
@@ -339,35 +247,25 @@ class CapacityBook:
             art.all_only_at = now
         else:
             art.at = now
-        # What the cohort has read from S3 since its first fetch started: the origin gave
-        # at least that on average (the s3-fast fleet read the whole object from it in a
-        # second and a half, while the readers' averaged rates put it at 27 MB/s of 187,
-        # and the plan went to stripes alone).
-        since = max(art.cohort_start, art.measured_since)
-        if now > since:
-            read = art.s3_read - art.read_base
-            art.origin_peak = max(art.origin_peak, read / (now - since))
-        art.totals.append((now, art.s3_read))
-        while len(art.totals) > 2 and now - art.totals[1][0] >= RECENT_SECONDS:
-            art.totals.popleft()
+        art.origin.at_snapshot(now)
         if (
             art.allocation is not None
             and art.allocation.mode is Mode.ALL
             and art.all_since is not None
             and now - art.all_since >= ALL_PROOF
-            and s3_slowed(art, now)
+            and art.origin.slowed_under_all(art.links, now)
         ):
             log.info("S3 slowed under ALL for %s: measuring the origin afresh", info_hash[:8])
-            _measure_afresh(art, now)
+            self._measure_afresh(art, now)
         elif art.allocation is not None and art.allocation.mode is Mode.MIX:
-            if not s3_fell_under_mix(art, now):
+            if not art.origin.fell_under_mix((k.down for k in art.links.values()), now):
                 art.mix_slow_since = None
             elif art.mix_slow_since is None:
                 art.mix_slow_since = now
             elif now - art.mix_slow_since >= MIX_SLOWED_PROOF:
                 log.info("S3 slowed under a direct share for %s: measuring the origin afresh",
                          info_hash[:8])  # fmt: skip
-                _measure_afresh(art, now)
+                self._measure_afresh(art, now)
         if art.peers_since is None and any(link.peers > 0 for link in art.links.values()):
             art.peers_since = now
         fast = _fast_warmup(art)
@@ -380,9 +278,9 @@ class CapacityBook:
             readers,
             self.origin_rate,
             swarm_shown=art.peers_since is not None and now - art.peers_since >= warmup,
-            origin_peak=art.origin_peak,
-            together=art.together,
-            measured_afresh=art.measured_afresh,
+            origin_peak=art.origin.peak,
+            together=art.origin.together,
+            measured_afresh=art.origin.measured_afresh,
             fine_rates=fast,
         )
         if log.isEnabledFor(logging.DEBUG):
@@ -393,7 +291,7 @@ class CapacityBook:
             log.debug(
                 "snapshot %s: S3 %s/s per reader x %d readers, origin peak %.0f/s, together "
                 "%.0f/s; links (down, up, peers, S3 peak) %s -> %s",
-                info_hash[:8], s3_per_reader, readers, art.origin_peak, art.together,
+                info_hash[:8], s3_per_reader, readers, art.origin.peak, art.origin.together,
                 shown, snap,
             )  # fmt: skip
         if snap is not None:  # else the last allocation stands (see :func:`snapshot`)
@@ -431,12 +329,13 @@ class CapacityBook:
         return art.allocation.direct if now - art.mix_since >= DIRECT_HOLD else 0.0
 
     def origin_spare(self, info_hash: str) -> bool:
-        """The nodes' S3 rates over the last :data:`ORIGIN_WINDOW` sum to less than
-        :data:`SPARE_SHARE` of the origin the last snapshot planned on (a finite one)."""
+        """The nodes' S3 rates over the last report interval (the meter's window) sum to
+        less than :data:`SPARE_SHARE` of the origin the last snapshot planned on (a finite
+        one)."""
         art = self._artifacts.get(info_hash)
         if art is None or art.snapshot is None or math.isinf(art.snapshot.origin):
             return False
-        return art.window_sum < SPARE_SHARE * art.snapshot.origin
+        return art.origin.window_sum < SPARE_SHARE * art.snapshot.origin
 
     def has_seeders(self, info_hash: str) -> bool:
         """Some reporting node holds the whole artifact."""
@@ -444,10 +343,11 @@ class CapacityBook:
         return art is not None and bool(art.complete)
 
     def measured_afresh(self, info_hash: str) -> bool:
-        """S3 slowed this cohort, under ALL (:func:`s3_slowed`) or a direct share
-        (:func:`s3_fell_under_mix`), and the origin was measured afresh."""
+        """S3 slowed this cohort, under ALL (:meth:`OriginMeter.slowed_under_all`) or a
+        direct share (:meth:`OriginMeter.fell_under_mix`), and the origin was measured
+        afresh."""
         art = self._artifacts.get(info_hash)
-        return art is not None and art.measured_afresh
+        return art is not None and art.origin.measured_afresh
 
     def fleet_down(self, info_hash: str, now: float) -> float:
         """The median of the fetching nodes' download peaks (bytes/s; 0 before any), as of
@@ -499,16 +399,21 @@ class CapacityBook:
         does for a departed node: a seeder whose data went away uploads none of it."""
         drop_artifacts(self._by_node, node, listed, self._forget_artifact)
 
+    @staticmethod
+    def _measure_afresh(art: _Artifact, now: float) -> None:
+        """The origin's rates from now on (:meth:`OriginMeter.measure_afresh`), and no
+        allocation until the next snapshot plans on them."""
+        art.allocation, art.all_since, art.mix_since = None, None, None
+        art.mix_slow_since = None
+        art.origin.measure_afresh(now)
+
     def _forget_artifact(self, node: str, info_hash: str) -> None:
         art = self._artifacts.get(info_hash)
         if art is None:
             return
         art.links.pop(node, None)
         art.complete.pop(node, None)
-        if art.window:  # the window as of the last report
-            _withdraw(art, node, art.window[-1][0] - ORIGIN_WINDOW)
-        art.s3_rates.pop(node, None)
-        art.s3_bytes.pop(node, None)
+        art.origin.forget(node)
         if not art.links and not art.complete:
             del self._artifacts[info_hash]
 
@@ -520,73 +425,3 @@ def _fast_warmup(art: _Artifact) -> bool:
     downs = [link.down for link in art.links.values()]
     fast = WARMUP_PIECES * art.piece_size / PEERS_WARMUP_FAST
     return bool(downs) and statistics.median(downs) >= fast
-
-
-def _withdraw(art: _Artifact, node: str, recent: float) -> None:
-    """Take ``node``'s S3 rate out of the window's sum if it was reported since
-    ``recent`` (older ones have left it already)."""
-    entry = art.s3_rates.get(node)
-    if entry is not None and entry[1] >= recent:
-        art.window_sum = max(0.0, art.window_sum - entry[0])
-
-
-def s3_slowed(art: _Artifact, now: float) -> bool:
-    """S3 gives the median fetching node, over its last report interval (reported within
-    two :data:`ORIGIN_WINDOW`), less than :data:`ALL_SLOWED` of its S3 peak, and the
-    fleet, over the last :data:`RECENT_SECONDS`, less than that share of the origin's
-    peak average (where the nodes send their byte counters; else the nodes' shares
-    decide), and the median node receives less than that share of its download peak from
-    every source (where known). Nodes with no recent report are left out (every report
-    carries the node's S3 rate)."""
-    shares = []
-    for node, link in art.links.items():
-        rate, at = art.s3_rates.get(node, (0.0, -math.inf))
-        if link.s3 > 0 and now - at <= 2 * ORIGIN_WINDOW:
-            shares.append(rate / link.s3)
-    if not shares or statistics.median(shares) >= ALL_SLOWED:
-        return False
-    # Under ALL a node takes nothing from peers: one that still receives most of its
-    # link has not begun reading under it (s3-fast at a quarter: ALL allocated, the
-    # nodes on their stripes and peers for 1-3 s more, at 5-7 MB/s of 7.7 from peers
-    # and 1.5 from S3; ALL was taken back 2.7 s in, and the fleet finished on stripes
-    # and peers a second later than under ALL)
-    fed = [k.received / k.down for k in art.links.values() if k.received >= 0 and k.down > 0]
-    if fed and statistics.median(fed) >= ALL_SLOWED:
-        return False
-    (then, before), (_, latest) = art.totals[0], art.totals[-1]
-    if now - then < RECENT_SECONDS or art.origin_peak <= 0 or latest <= 0:
-        return True  # no counters (or not for long enough): the shares decide
-    return (latest - before) / (now - then) < ALL_SLOWED * art.origin_peak
-
-
-def s3_fell_under_mix(art: _Artifact, now: float) -> bool:
-    """The nodes reading S3 now (a rate over their readers' busy seconds, reported within
-    two :data:`ORIGIN_WINDOW`) get together less than :data:`ALL_SLOWED` of what the
-    origin gave at its peak, or of what their links could take if that is less (a few
-    readers cannot take a large origin's rate). The allocation planned each node's
-    direct share on that peak: after the mixed fleet's origin (a quarter of its rates)
-    fell to an eighth, the peak kept a tenth of every node's bytes on S3 to the end, and
-    the origin read 78 MiB where nobody held 55, the rest pieces peers held. (Judged on
-    the median S3 rate the plans take, that of the readers' download rates, it told 7 s
-    after the throttle in one run of the bench's s3-slows at a quarter.)"""
-    rates = [
-        rate for rate, at in art.s3_rates.values() if rate > 0 and now - at <= 2 * ORIGIN_WINDOW
-    ]
-    if not rates or art.origin_peak <= 0:
-        return False
-    downs = [link.down for link in art.links.values() if link.down > 0]
-    readers = len(rates)
-    room = min(art.origin_peak, readers * statistics.median(downs)) if downs else art.origin_peak
-    return statistics.median(rates) * readers < ALL_SLOWED * room
-
-
-def _measure_afresh(art: _Artifact, now: float) -> None:
-    """Forget what the origin gave before (its peak, the most its readers took together,
-    the cohort's average) and the allocation: the next snapshot plans on the rates from
-    now on, and ALL needs S3 to fill every link at once again."""
-    art.allocation, art.all_since, art.mix_since = None, None, None
-    art.mix_slow_since = None
-    art.origin_peak, art.together = 0.0, art.window_sum
-    art.read_base = art.s3_read
-    art.measured_since = now
-    art.measured_afresh = True

@@ -11,8 +11,6 @@ from swarm.coordinator.allocate import Allocation, Mode, Snapshot, allocate, bou
 from swarm.coordinator.capacity import (
     ALL_PROOF,
     DIRECT_HOLD,
-    MIX_SLOWED_PROOF,
-    ORIGIN_WINDOW,
     PEERS_WARMUP,
     PEERS_WARMUP_FAST,
     SNAPSHOT_PERIOD,
@@ -21,6 +19,7 @@ from swarm.coordinator.capacity import (
     CapacityBook,
 )
 from swarm.coordinator.links import Link, snapshot
+from swarm.coordinator.originmeter import MIX_SLOWED_PROOF, ORIGIN_WINDOW
 from swarm.lab.scenarios import SCENARIOS, scenario
 
 MBIT = 1e6 / 8
