@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import libtorrent as lt
@@ -48,13 +48,16 @@ def read_to_the_end(
     plan: dict[str, object],
     interval: float = 1.0,
     timeout: float = 60.0,
+    prepare: Callable[[Artifact], object] | None = None,
 ) -> None:
     """Run the daemon's S3 reader on the artifact under ``plan`` (a coordinator's, fresh
     for three ``interval``) on a thread, as the daemon does, until it ends; check the
-    file it wrote."""
+    file it wrote. ``prepare``: called with the artifact before the reader starts."""
     dest = tmp_path / "data" / "a.bin"
     artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
     artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
+    if prepare is not None:
+        prepare(artifact)
     daemon.take_plans({manifest.info_hash: plan}, interval=interval)
     reader = start_reader(daemon, artifact)
     reader.join(timeout)
@@ -190,11 +193,10 @@ def test_under_all_the_pieces_asked_of_peers_that_get_blocks_after_the_cancel_ar
 
     session.upload_only = upload_only  # type: ignore[method-assign]
     session.finish_from_peers = finish_from_peers  # type: ignore[method-assign]
-    try:
-        dest = tmp_path / "data" / "a.bin"
-        artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
-        artifact.client = S3Client(env["AWS_ENDPOINT_URL"])
-        state = session.torrents[manifest.info_hash]
+
+    def made_up_queue(artifact: Artifact) -> None:
+        nonlocal queue
+        state = session.torrents[artifact.info_hash]
         requested, received = 1, 3  # libtorrent's block states
         queue = QueueOf(
             state.handle,
@@ -202,11 +204,11 @@ def test_under_all_the_pieces_asked_of_peers_that_get_blocks_after_the_cancel_ar
             after={5: [received, requested], 3: [received, requested], 9: []},
         )
         state.handle = queue
-        daemon.take_plans({manifest.info_hash: {"stripe": [], "mode": "all"}}, interval=60)
-        reader = start_reader(daemon, artifact)
-        reader.join(30)
-        assert not reader.is_alive()
-        assert artifact.complete_on_disk()  # no peer sends them: S3 reads them at the end
+
+    try:
+        # no peer sends them: S3 reads them once it has nothing else to
+        plan = {"stripe": [], "mode": "all"}
+        read_to_the_end(daemon, manifest, env, tmp_path, plan, 60, 30, made_up_queue)
         assert left == [{5}, {3}]
     finally:
         daemon.close()
