@@ -15,13 +15,23 @@ straight to each node (*direct*, a node reads it for itself).
 
 Among the schedules that meet ``T*`` this one prefers S3 over peers: the relay rate is
 the *smallest* the servers' capacity allows, ``rho = max(0, (N r - U) / (N - 1))``, and
-every node reads ``r - rho`` directly. S3 reads cost a node less CPU than a peer
-exchange (no SHA-1 per piece from libtorrent's side, no upload), start without the
-swarm's ramp-up, and S3's capacity is otherwise wasted; peers carry what S3 cannot.
-So when S3 can feed every node at link speed (the same-region bucket), every node reads
-all of it from S3 (``Mode.ALL``); when the origin is the bottleneck, every piece leaves
-it once (``Mode.STRIPE``, direct share 0); in between, each node reads a share of its
-bytes from S3 for itself next to its stripe (``direct``, a fraction of what it lacks).
+every node reads ``r - rho`` directly. The fleet runs it with stripes that send *every*
+piece through the servers once, the direct part too (a piece no node has asked for is
+fetched by one node's stripe), and a node's direct share is read once the stripes have
+spread the object: of what S3 sends over ``T*``, one copy of ``F`` has gone to the
+stripes, and the direct share is what is left, ``(u_s T* - F) / (N F)`` of each node's
+bytes: ``(N - 1) / N`` of the schedule's ``(r - rho) / r``. The peers then relay every
+piece that a node does not read for itself, ``N - 1 - N d`` copies of ``F`` in all, as
+many as the schedule's relays; with the schedule's own share the origin was asked one
+such share more (``d F``) than it sends in ``T*`` (the mixed fleet: 2.84 F against 2.61).
+
+S3 reads cost a node less CPU than a peer exchange (no SHA-1 per piece from libtorrent's
+side, no upload), start without the swarm's ramp-up, and S3's capacity is otherwise
+wasted; peers carry what S3 cannot. So when S3 can feed every node at link speed (the
+same-region bucket), every node reads all of it from S3 (``Mode.ALL``); when the origin
+is the bottleneck, every piece leaves it once (``Mode.STRIPE``, direct share 0); in
+between, each node reads a share of its bytes from S3 for itself next to its stripe
+(``direct``, a fraction of what it lacks).
 
 Existing seeders are servers too, but they serve through the swarm, not S3: they carry
 the relay part first, and S3 carries what is left.
@@ -79,8 +89,8 @@ class Allocation:
     direct: float
     """Fraction of a node's bytes it reads from S3 for itself (not relayed)."""
     relay: float
-    """Fraction of a node's bytes that are new to the fleet (the fleet's stripes, split
-    over the nodes by upload; from S3 or seeders) and relayed."""
+    """Fraction of a node's bytes that come through the swarm: its stripe (from S3 or
+    the seeders) and what its peers relay (``1 - direct``)."""
     finish: float
     """Predicted seconds until the last node is done (``F / r``)."""
     link_bound: bool = False
@@ -120,11 +130,13 @@ def allocate(snap: Snapshot) -> Allocation:
     # S3 gives each node a direct share of what capacity it has left
     s3_relay = max(0.0, relay - snap.seeders)
     s3_direct = min(direct_rate, max(0.0, snap.origin - s3_relay) / n)
-    direct = s3_direct / rate if rate > 0 else 0.0
-    if direct >= ALL_DIRECT:
+    if rate <= 0 or s3_direct / rate >= ALL_DIRECT:
         return Allocation(Mode.ALL, rate, 1.0, 0.0, finish, link_bound)
+    # the stripes send all of F once (the seeders' share of it first): S3's direct share
+    # is what it has left over T* beyond that copy (see the module docstring)
+    stripes_from_s3 = max(0.0, rate - snap.seeders)
+    direct = min(s3_direct, max(0.0, snap.origin - stripes_from_s3) / n) / rate
     if direct < MIN_DIRECT:
         direct = 0.0
     mode = Mode.MIX if direct > 0 else Mode.STRIPE
-    relayed = relay / rate if rate > 0 else 0.0
-    return Allocation(mode, rate, direct, relayed, finish, link_bound)
+    return Allocation(mode, rate, direct, 1.0 - direct, finish, link_bound)

@@ -67,16 +67,19 @@ def test_predicted_finish_is_within_10_percent_of_the_bound(shape: str) -> None:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_plan_is_feasible(shape: str) -> None:
-    """Every node receives the plan's rate; S3 (with the seeders) sends no more than it
-    can: each relayed byte once, each direct byte once per node; relays fit the uploads."""
+    """Every node receives the plan's rate; S3 sends no more than it can: every byte once
+    for the stripes (the seeders' share of them first), each direct byte once per node;
+    the swarm's uploads (the nodes' and the seeders') carry the rest."""
     s = snap(shape)
     plan = allocate(s)
     rate = plan.rate
     assert rate <= s.down * (1 + 1e-9)
-    relay, direct = plan.relay * rate, plan.direct * rate
-    assert relay + s.nodes * direct <= (s.origin + s.seeders) * (1 + 1e-6)
-    # what peers carry: each node forwards its part of the relay to the others
-    assert relay * (s.nodes - 1) <= s.nodes * s.up * (1 + 1e-6) + s.seeders * s.nodes
+    assert plan.relay + plan.direct == pytest.approx(1.0)
+    stripes_from_s3 = 0.0 if plan.mode is Mode.ALL else max(0.0, rate - s.seeders)
+    direct = plan.direct * rate
+    assert stripes_from_s3 + s.nodes * direct <= s.origin * (1 + 1e-6)
+    through_swarm = s.nodes * plan.relay * rate - stripes_from_s3
+    assert through_swarm <= (s.nodes * s.up + s.seeders) * (1 + 1e-6)
 
 
 def test_modes_per_shape() -> None:
