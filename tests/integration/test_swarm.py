@@ -214,7 +214,8 @@ def test_unlimited_origin_every_node_reads_all_from_s3_then_seeds(env, artifact,
             # handed to libtorrent in seed mode included (it once read a fresh handle's 0)
             (received,) = RECEIVED.findall((node.home / "daemon.log").read_text())
             s3_mb, peers_mb = float(received[0]), float(received[1])
-            assert s3_mb + peers_mb >= SIZE / 1e6 - 0.05, (received, by)
+            # (each rounded to 0.1 MB: together they may lose up to 0.1)
+            assert s3_mb + peers_mb >= SIZE / 1e6 - 0.1, (received, by)
             assert peers_mb >= by["peers"] / 1e6 - 0.05, (received, by)
         # Most of it from S3, over the fleet: peers may give a node pieces before its
         # first plan arrives, on a loaded machine (libtorrent is not in upload mode until
