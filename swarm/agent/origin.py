@@ -80,6 +80,11 @@ IN_FLIGHT_TTL = 1.0
 piece, which libtorrent drops)."""
 
 
+def queued(queue: list[dict[str, Any]]) -> set[int]:
+    """Pieces of libtorrent's download queue (``get_download_queue``): asked of peers."""
+    return {piece["piece_index"] for piece in queue}
+
+
 def partly_received(queue: list[dict[str, Any]]) -> set[int]:
     """Pieces of libtorrent's download queue (``get_download_queue``) with blocks
     already received (being written or written)."""
@@ -103,7 +108,7 @@ class InFlight:
     def __call__(self, max_age: float = IN_FLIGHT_TTL) -> set[int]:
         now = time.monotonic()
         if now - self._at >= max_age:
-            self._pieces = {p["piece_index"] for p in self.handle.get_download_queue()}
+            self._pieces = queued(self.handle.get_download_queue())
             self._at = now
         return self._pieces
 
@@ -425,7 +430,7 @@ def read_origin(
                 if all_from_s3 != upload_only:
                     queue = handle.get_download_queue() if all_from_s3 else []
                     finishing = partly_received(queue)
-                    landing = {piece["piece_index"] for piece in queue} - finishing
+                    landing = queued(queue) - finishing
                     landing_until = now + LANDING_SECONDS
                     peers_finish_until = now + PEERS_FINISH_SECONDS
                     session.upload_only(manifest.info_hash, all_from_s3, finishing)

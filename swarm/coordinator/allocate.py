@@ -88,14 +88,17 @@ class Allocation:
     """r: the bytes/s every fetching node receives under the plan."""
     direct: float
     """Fraction of a node's bytes it reads from S3 for itself (not relayed)."""
-    relay: float
-    """Fraction of a node's bytes that come through the swarm: its stripe (from S3 or
-    the seeders) and what its peers relay (``1 - direct``)."""
     finish: float
     """Predicted seconds until the last node is done (``F / r``)."""
     link_bound: bool = False
     """The bound is the slowest node's downlink (``F / d``): every byte a node receives
     twice delays the fleet's end; elsewhere the downlinks have room to spare."""
+
+    @property
+    def relay(self) -> float:
+        """Fraction of a node's bytes that come through the swarm: its stripe (from S3 or
+        the seeders) and what its peers relay."""
+        return 1.0 - self.direct
 
 
 def bound(snap: Snapshot) -> float:
@@ -113,14 +116,14 @@ def bound(snap: Snapshot) -> float:
 def allocate(snap: Snapshot) -> Allocation:
     """The plan that meets :func:`bound` with the most S3 (see the module docstring)."""
     if snap.nodes <= 0 or snap.size <= 0:
-        return Allocation(Mode.STRIPE, 0.0, 0.0, 0.0, 0.0)
+        return Allocation(Mode.STRIPE, 0.0, 0.0, 0.0)
     finish = bound(snap)
     link_bound = finish > 0 and snap.size / snap.down >= finish
     rate = snap.size / finish if finish > 0 else math.inf
     n = snap.nodes
     servers = snap.origin + snap.seeders
     if math.isinf(snap.origin):
-        return Allocation(Mode.ALL, rate, 1.0, 0.0, finish, link_bound)
+        return Allocation(Mode.ALL, rate, 1.0, finish, link_bound)
     # new content must reach the fleet at ``rate``: as little of it relayed as the
     # servers' capacity allows (each relayed byte costs them one send, a direct one N)
     relay = rate if n == 1 else max(0.0, (n * rate - servers) / (n - 1))
@@ -131,7 +134,7 @@ def allocate(snap: Snapshot) -> Allocation:
     s3_relay = max(0.0, relay - snap.seeders)
     s3_direct = min(direct_rate, max(0.0, snap.origin - s3_relay) / n)
     if rate <= 0 or s3_direct / rate >= ALL_DIRECT:
-        return Allocation(Mode.ALL, rate, 1.0, 0.0, finish, link_bound)
+        return Allocation(Mode.ALL, rate, 1.0, finish, link_bound)
     # the stripes send all of F once (the seeders' share of it first): S3's direct share
     # is what it has left over T* beyond that copy (see the module docstring)
     stripes_from_s3 = max(0.0, rate - snap.seeders)
@@ -139,4 +142,4 @@ def allocate(snap: Snapshot) -> Allocation:
     if direct < MIN_DIRECT:
         direct = 0.0
     mode = Mode.MIX if direct > 0 else Mode.STRIPE
-    return Allocation(mode, rate, direct, 1.0 - direct, finish, link_bound)
+    return Allocation(mode, rate, direct, finish, link_bound)

@@ -115,6 +115,16 @@ def test_a_stripe_keeps_peers_off_each_get_s_pieces_while_it_runs_and_wide_does_
         daemon.close()
 
 
+def reader_under_all(
+    env: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Manifest, Daemon]:
+    """An artifact in S3 and a daemon to read it under ALL, whose pieces left to peers
+    stay theirs for longer than the fetch takes (``PEERS_FINISH_SECONDS``)."""
+    monkeypatch.setattr(origin, "PEERS_FINISH_SECONDS", 60.0)
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    return manifest, Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+
+
 def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
     env: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,9 +133,7 @@ def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
     # takes them too, rather than idle: slow uploads' last node waited 2 s on seven
     # pieces from peers sending 0.6 MB/s each. Here no peer sends them at all, and the
     # window is long: the fetch ends well inside it, or waited for it.
-    monkeypatch.setattr(origin, "PEERS_FINISH_SECONDS", 60.0)
-    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
-    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    manifest, daemon = reader_under_all(env, bucket, tmp_path, monkeypatch)
     session = daemon.session
     real_upload_only = session.upload_only
     left: list[set[int]] = []
@@ -172,9 +180,7 @@ def test_under_all_the_pieces_asked_of_peers_that_get_blocks_after_the_cancel_ar
     # LANDING_SECONDS, then those that got a block (3) are libtorrent's to finish, as the
     # one partly sent at the switch (5); S3 reads the rest. Read from S3, such a piece
     # came whole past libtorrent and the blocks peers had sent of it went for nothing.
-    monkeypatch.setattr(origin, "PEERS_FINISH_SECONDS", 60.0)
-    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
-    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    manifest, daemon = reader_under_all(env, bucket, tmp_path, monkeypatch)
     session = daemon.session
     real_upload_only, real_finish = session.upload_only, session.finish_from_peers
     left: list[set[int]] = []
