@@ -432,11 +432,27 @@ class TorrentSession:
             with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
                 state.handle.connect_peer(address)
 
-    def reannounce(self) -> None:
-        """Announce every torrent now, for a fresh peer list (see ``Membership.take``)."""
-        for state in list(self.torrents.values()):
+    def reannounce(self, info_hashes: Iterable[str] | None = None) -> set[str]:
+        """Announce these torrents (every one by default) now, for a fresh peer list (see
+        ``Membership.take``). Returns those not announced: libtorrent drops a forced
+        announce while the tracker has one unanswered (``can_announce``: not
+        ``updating``), and the reply to that one sets the next 30 s on."""
+        owed: set[str] = set()
+        for info_hash in list(self.torrents if info_hashes is None else info_hashes):
+            state = self.torrents.get(info_hash)
+            if state is None:
+                continue
             with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
+                if any(
+                    announce["updating"]
+                    for tracker in state.handle.trackers()
+                    for endpoint in tracker["endpoints"]
+                    for announce in endpoint["info_hashes"]
+                ):
+                    owed.add(info_hash)
+                    continue
                 state.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
+        return owed
 
     def save_resume(self, info_hash: str, flush: bool = False) -> None:
         state = self.torrents[info_hash]

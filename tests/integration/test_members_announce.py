@@ -30,11 +30,15 @@ class Tracker:
 
     def __init__(self) -> None:
         self.announces: list[float] = []
+        self.answer = threading.Event()
+        """Cleared, announces are noted but not answered until it is set again."""
+        self.answer.set()
         tracker = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 tracker.announces.append(time.monotonic())
+                tracker.answer.wait(10.0)
                 body = fastbencode.bencode({b"interval": 1800, b"peers": b""})
                 # libtorrent may drop an announce it no longer needs (a forced one
                 # replaces it): a closed connection is not the test's failure
@@ -53,6 +57,7 @@ class Tracker:
         self._thread.start()
 
     def close(self) -> None:
+        self.answer.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -95,6 +100,25 @@ def test_new_members_make_the_daemon_announce_again(tmp_path: Path, tracker: Tra
         )
         time.sleep(1.0)
         assert len(tracker.announces) == again + 1
+    finally:
+        daemon.close()
+
+
+def test_members_named_while_an_announce_is_unanswered_are_announced_after_it(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    # libtorrent drops a forced announce while the tracker has one unanswered, and the
+    # answer sets the next one 30 min on here: the daemon must ask again after it.
+    daemon, manifest = fleet_daemon(tmp_path, tracker)
+    try:
+        tracker.answer.clear()
+        daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers"})
+        wait_until(lambda: len(tracker.announces) >= 1, 10, "the first announce")
+        daemon.take_members(["127.0.0.20"])  # a member while the first is unanswered
+        time.sleep(0.5)
+        assert len(tracker.announces) == 1  # libtorrent sends none meanwhile
+        tracker.answer.set()
+        wait_until(lambda: len(tracker.announces) >= 2, 5, "an announce after the answer")
     finally:
         daemon.close()
 
