@@ -59,7 +59,7 @@ each."""
 
 PEERS_FINISH_SECONDS = 2.0
 """When the plan goes ALL, the pieces peers had partly sent are left to libtorrent to
-complete for this long (:meth:`TorrentSession.upload_only`'s ``finishing``); S3 reads
+complete for this long (:meth:`PiecePriorities.upload_only`'s ``finishing``); S3 reads
 everything else first, and whatever of them is still missing after it, or once it has
 nothing else to read."""
 
@@ -446,7 +446,8 @@ def read_origin(
                         peers_finish_until = now + PEERS_FINISH_SECONDS
                         log.info("plan is ALL: %d pieces whose blocks landed after the cancel "
                                  "left to peers", len(landed))  # fmt: skip
-                left_to_peers = state.peers_finish  # None once upload-only ended (retrying)
+                # None once upload-only ended (retrying)
+                left_to_peers = state.priorities.peers_finish
                 if all_from_s3 and landing:
                     # a batch that ends soon after they land, so that this comes back to them
                     rest = [i for i in batch.pieces if i not in landing][:batch_pieces]

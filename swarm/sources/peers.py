@@ -61,10 +61,6 @@ FLUSH_TIMEOUT = 30.0
 files: milliseconds, even on a busy node)."""
 
 
-DEFAULT_PIECE_PRIORITY = 4
-"""libtorrent's ``default_priority`` (the binding exports no name for it)."""
-
-
 class TorrentSession:
     """One libtorrent session and the thread that drains its alerts."""
 
@@ -95,7 +91,6 @@ class TorrentSession:
         self._admitted: list[str] | None = None  # admit_only's addresses (None: everyone)
         self._held_off: dict[str, frozenset[str]] = {}  # hold_off's, by torrent
         self._lock = threading.Lock()
-        self._priorities = threading.Lock()  # held_for_s3 and left_to_owners, and their use
         self._tunings: list[Mapping[str, int | bool]] = []  # held by tuned(), oldest first
         self._own_settings: dict[str, int | bool] = {}  # before any tuning, of keys tuned
         self._running = True
@@ -265,79 +260,23 @@ class TorrentSession:
             for peer in state.handle.get_peer_info()
         }
 
-    def upload_only(self, info_hash: str, on: bool, finishing: Collection[int] = ()) -> None:
-        """Stop (or resume) downloading from peers while still serving them: the S3
-        reader takes every missing piece itself (a coordinator's ALL plan), and a peer's
-        copy of a piece S3 is already bringing would only take the node's downlink.
+    # -- which pieces peers may bring (swarm.sources.priorities) -----------------------
 
-        ``finishing``: pieces partly received from peers, which libtorrent still completes
-        (every other piece gets priority 0). Upload mode cancels every request in flight,
-        and libtorrent asks again for the rest of these pieces only once it is off;
-        without this, the blocks peers had sent of them came again with the whole pieces
-        from S3 (s3-fast at a quarter, one run each: 135.9-138.3 MB a node received for
-        134.2, against 136.5-142.0)."""
-        state = self.torrents[info_hash]
-        handle = state.handle
-        with self._priorities:
-            state.peers_finish = set(finishing) if on else None
-            self._prioritize(state, range(state.count))
-        if on:
-            handle.set_flags(lt.torrent_flags.upload_mode)
-        if not on or finishing:  # in order on libtorrent's thread: after the cancels
-            handle.unset_flags(lt.torrent_flags.upload_mode)
+    def upload_only(self, info_hash: str, on: bool, finishing: Collection[int] = ()) -> None:
+        """:meth:`PiecePriorities.upload_only` of ``info_hash``'s torrent."""
+        self.torrents[info_hash].priorities.upload_only(on, finishing)
 
     def finish_from_peers(self, info_hash: str, pieces: Collection[int]) -> None:
-        """Under upload-only, let libtorrent complete ``pieces`` too (as ``finishing`` in
-        :meth:`upload_only`): blocks of them landed after its cancels. Upload mode ends
-        if it was on (nothing was partly sent at the switch): libtorrent asks for the
-        rest of these, and every other missing piece stays at priority 0."""
-        state = self.torrents[info_hash]
-        with self._priorities:
-            if state.peers_finish is None:
-                return  # upload-only has ended: every piece is wanted again
-            state.peers_finish.update(pieces)
-            self._prioritize(state, pieces)
-        state.handle.unset_flags(lt.torrent_flags.upload_mode)  # after the priorities
+        """:meth:`PiecePriorities.finish_from_peers` of ``info_hash``'s torrent."""
+        self.torrents[info_hash].priorities.finish_from_peers(pieces)
 
     def hold_back(self, info_hash: str, pieces: list[int], on: bool) -> None:
-        """Keep peers from bringing ``pieces`` (libtorrent's priority 0) while S3 reads
-        them, or let them again (its default priority). A piece held back from peers is
-        still served to them once held. In the swarm-bound fleet libtorrent counted 9-31
-        MB of redundant payload per node (of 134 MB): peers' blocks of pieces that the S3
-        reader then brought first; 0.3-1.7 MB where S3 reads stripes nobody else has."""
-        if pieces:
-            state = self.torrents[info_hash]
-            with self._priorities:
-                if on:
-                    state.held_for_s3.update(pieces)
-                else:
-                    state.held_for_s3.difference_update(pieces)
-                self._prioritize(state, pieces)
+        """:meth:`PiecePriorities.hold_back` of ``info_hash``'s torrent."""
+        self.torrents[info_hash].priorities.hold_back(pieces, on)
 
     def leave_to_owners(self, info_hash: str, pieces: set[int]) -> None:
-        """Keep peers from bringing ``pieces`` (priority 0) and let every piece kept so
-        before and not in ``pieces`` come again: the pieces only seeders hold that other
-        new nodes take from them (:mod:`swarm.agent.seedershare`)."""
-        state = self.torrents[info_hash]
-        with self._priorities:
-            changed = state.left_to_owners ^ pieces
-            state.left_to_owners = set(pieces)
-            self._prioritize(state, changed)
-
-    @staticmethod
-    def _prioritize(state: TorrentState, pieces: Iterable[int]) -> None:
-        """Give ``pieces`` priority 0 when S3 or an owner brings them, or under
-        upload-only when libtorrent is not finishing them, else the default (under
-        ``_priorities``: the reasons are kept apart, and each may end alone)."""
-        kept = state.held_for_s3 | state.left_to_owners
-        finish = state.peers_finish
-
-        def wanted(i: int) -> bool:
-            return i not in kept and (finish is None or i in finish)
-
-        priorities = [(i, DEFAULT_PIECE_PRIORITY if wanted(i) else 0) for i in pieces]
-        if priorities:
-            state.handle.prioritize_pieces(priorities)
+        """:meth:`PiecePriorities.leave_to_owners` of ``info_hash``'s torrent."""
+        self.torrents[info_hash].priorities.leave_to_owners(pieces)
 
     @contextlib.contextmanager
     def tuned(self, settings: Mapping[str, int | bool]) -> Iterator[None]:

@@ -1,7 +1,7 @@
 """What the daemon's libtorrent session knows of one torrent (:class:`TorrentState`),
 kept by its alert thread (:class:`swarm.sources.peers.TorrentSession`) and read by the
 sources and the completion: the pieces held, the last status, the pieces kept from
-peers, and the events a fetch waits on."""
+peers (:mod:`swarm.sources.priorities`), and the events a fetch waits on."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import libtorrent as lt
+
+from swarm.sources.priorities import PiecePriorities
 
 CHECKING = frozenset(
     {lt.torrent_status.states.checking_files, lt.torrent_status.states.checking_resume_data}
@@ -56,14 +58,8 @@ class TorrentState:
     renamed: Future[str | None] | None = None
     """The pending ``rename_file`` (None: success, else libtorrent's error)."""
     paused: threading.Event = field(default_factory=threading.Event)
-    held_for_s3: set[int] = field(default_factory=set)
-    """Pieces kept from peers while the S3 reader brings them (``TorrentSession.hold_back``)."""
-    left_to_owners: set[int] = field(default_factory=set)
-    """Pieces kept from peers until another new node holds them
-    (``TorrentSession.leave_to_owners``, :mod:`swarm.agent.seedershare`)."""
-    peers_finish: set[int] | None = None
-    """Under upload-only (``TorrentSession.upload_only``), the only pieces libtorrent
-    may still complete from peers; None: not upload-only."""
+    priorities: PiecePriorities = field(init=False)
+    """Which missing pieces libtorrent may bring from peers, and why not the others."""
     held: set[int] = field(default_factory=set)
     """Pieces libtorrent holds, from its alerts (``piece_finished_alert``, and each status
     update): asking the handle (``have_piece``) is a round trip to libtorrent's network
@@ -75,6 +71,9 @@ class TorrentState:
     of a fetch wait on (polling cost the end of every fetch 0.15 s on average). A cancel
     does not count: waiters see it at their timeout."""
     arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    def __post_init__(self) -> None:
+        self.priorities = PiecePriorities(self.handle, self.count)
 
     def has(self, index: int) -> bool:
         return index in self.held

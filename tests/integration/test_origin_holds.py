@@ -21,7 +21,8 @@ from swarm.agent.registry import Artifact
 from swarm.config import Settings
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
-from swarm.sources.peers import DEFAULT_PIECE_PRIORITY, TorrentSession
+from swarm.sources.peers import TorrentSession
+from swarm.sources.priorities import DEFAULT_PIECE_PRIORITY
 from tests.conftest import put_artifact
 from tests.servers import FaultProxy, Faults, free_port
 
@@ -95,7 +96,7 @@ def test_a_stripe_keeps_peers_off_each_get_s_pieces_while_it_runs_and_wide_does_
         released = [pieces for pieces, on, _ in calls if not on and pieces]
         assert sorted(map(sorted, released)) == sorted(sorted(p) for p, _ in held)
         state = session.torrents[manifest.info_hash]
-        assert not state.held_for_s3
+        assert not state.priorities.held_for_s3
         # all let go, as libtorrent tells: priorities at the default, or the torrent a
         # seed. A torrent whose missing pieces were all held was "finished" (nothing
         # wanted) before they came, so the last one's pass does not end it again and
@@ -244,9 +245,9 @@ def test_a_direct_share_held_for_a_slow_s3_is_given_back_to_peers(
             reader = start_reader(daemon, artifact)
             state = daemon.session.torrents[manifest.info_hash]
             deadline = time.monotonic() + 10
-            while not state.held_for_s3 and time.monotonic() < deadline:
+            while not state.priorities.held_for_s3 and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert state.held_for_s3, "the reader held nothing back"  # its direct share
+            assert state.priorities.held_for_s3, "the reader held nothing back"  # its direct share
             while not state.handle.get_peer_info() and time.monotonic() < deadline:
                 daemon.session.dial(manifest.info_hash, (("127.0.0.2", holder.listen_port),))
                 time.sleep(0.1)
