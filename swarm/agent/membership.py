@@ -34,7 +34,7 @@ interval the coordinator asks for (it stretches it as the fleet grows)."""
 
 OWED_POLL = 0.1
 """Seconds between looks for the answer to an announce that was on its way when new
-members asked for one (:meth:`Membership._announce_now`)."""
+members asked for one (:meth:`Membership._owe`)."""
 
 MAX_DIALS = 32
 """Newly admitted members one reply's admission dials at once (those refused before they
