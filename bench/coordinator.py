@@ -6,8 +6,8 @@
     .venv/bin/python bench/coordinator.py --nodes 5000 --store redis --coordinators 2 --kill-at 20
 
 One load-generator process (asyncio, keep-alive HTTP through one aiohttp connection
-pool) drives every simulated node; each coordinator is its own process, started fresh
-for each fleet size. A node joins at ``i * join / N`` seconds (a scale-out), then
+pool) drives every simulated node (``swarm.lab.simnode``); each coordinator is its own
+process, started fresh for each fleet size (``swarm.lab.loadcoordinators``). A node joins at ``i * join / N`` seconds (a scale-out), then
 behaves as the daemon does: it posts its report (the daemon's fields, one artifact
 with a 2,048-piece bitfield that fills as it "downloads", its stripe included) and
 waits for the reply before the next one, at the interval the reply asks for (``interval``;
@@ -33,66 +33,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
 import random
 import resource
-import shutil
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote_from_bytes
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from swarm.lab.loadcoordinators import (
+    Coordinator,
+    coordinators,
+    handled,
+    proc_cpu,
+    proc_hwm,
+    redis_server,
+)
+from swarm.lab.simnode import INFO_HASH, PIECES, SimNode
+
 MAX_NODES = 20_000
-PIECES = 2048
-PIECE_SIZE = 1 << 20
-ARTIFACT_SIZE = PIECES * PIECE_SIZE
-INFO_HASH = bytes.fromhex("c0ffee" * 6 + "c0ff")
 SETTLE = 10.0
 """Seconds after the last join from which reports count as steady state."""
 
 FAILOVER_WAIT = 0.25
 """Seconds before a failed report goes to the next coordinator (the daemon's wait)."""
-
-FETCH_SECONDS = 120.0
-"""A simulated node gains random pieces at a rate that completes the artifact in about
-this long (plus its stripe, which it "reads" by the next report)."""
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_hwm(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def loadavg() -> str:
@@ -103,102 +73,6 @@ def loadavg() -> str:
 def self_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-@dataclass
-class Coordinator:
-    url: str
-    process: subprocess.Popen[bytes]
-    cpu0: float = 0.0
-    cpu: float | None = None
-    """CPU seconds over the run, kept at kill time for a coordinator killed mid-run."""
-    hwm: int = 0
-    handled: int = 0
-    """Reports and announces the coordinator counted (its /metrics), answered in time or not."""
-
-
-@contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
-    """A private ``redis-server`` on a free loopback port, stopped by pid."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("--store redis needs redis-server (apt-get install -y redis-server)")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.kill()
-        process.wait(10)
-
-
-@contextlib.contextmanager
-def coordinators(count: int, store: str | None, workdir: Path) -> Iterator[list[Coordinator]]:
-    started: list[Coordinator] = []
-    try:
-        for index in range(count):
-            port = free_port()
-            command = [str(BIN / "swarm"), "coordinator", "--listen", f"127.0.0.1:{port}"]
-            if store:
-                command += ["--store", store]
-            log = (workdir / f"coordinator{index}.log").open("wb")
-            env = {k: v for k, v in os.environ.items() if k != "SWARM_SECRET"}
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-            log.close()
-            started.append(Coordinator(f"http://127.0.0.1:{port}", process))
-        for coordinator in started:
-            wait_healthy(coordinator)
-            coordinator.cpu0 = proc_cpu(coordinator.process.pid)
-        yield started
-    finally:
-        for coordinator in started:
-            if coordinator.process.poll() is None:
-                coordinator.process.kill()
-            coordinator.process.wait(10)
-
-
-def handled(coordinator: Coordinator) -> int:
-    """Reports and announces the coordinator processed, from its Prometheus counters."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(coordinator.url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(("swarm_reports_total ", "swarm_announces_total{")):
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
-
-
-def wait_healthy(coordinator: Coordinator) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if coordinator.process.poll() is not None:
-            raise SystemExit(f"coordinator exited with {coordinator.process.returncode}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(coordinator.url + "/healthz", timeout=1),
-        ):
-            return
-        time.sleep(0.05)
-    raise SystemExit("coordinator did not answer /healthz within 30 s")
 
 
 # -- the simulated fleet -----------------------------------------------------------------------
@@ -232,111 +106,6 @@ class Stats:
     def error(self, kind: str) -> None:
         self.errors += 1
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
-
-
-class SimNode:
-    def __init__(self, index: int, rng: random.Random, urls: list[str]) -> None:
-        self.index = index
-        self.name = f"sim-{index:05d}"
-        self.ip = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255 or 1}"
-        self.peer_id = b"-SIM001-" + index.to_bytes(12, "big")
-        self.rng = rng
-        self.urls = urls
-        self.current = index % len(urls)
-        self.held = bytearray(PIECES // 8)
-        self.have = 0
-        self.counters = {"peers": 0, "s3": 0, "udp": 0}
-        self.stripe: list[int] = []
-        self.members_epoch: Any = None
-        self.orphaned = False
-        """Its coordinator was killed and no other one has answered it yet."""
-        self.track_members = True
-        """An authenticated fleet's node keeps the member list (its peer filter)."""
-        self.new_protocol = True
-        """Sends ``members_epoch`` (issue 12); False: as daemons before it, no epoch."""
-        self.started = 0.0
-
-    @property
-    def url(self) -> str:
-        return self.urls[self.current]
-
-    def fail_over(self) -> None:
-        self.current = (self.current + 1) % len(self.urls)
-
-    def gain(self, seconds: float) -> None:
-        """Pieces that arrived since the last report: the stripe, then random ones."""
-        for piece in self.stripe:
-            self._take(piece, "s3")
-        self.stripe = []
-        for _ in range(int(seconds * PIECES / FETCH_SECONDS + self.rng.random())):
-            self._take(self.rng.randrange(PIECES), "peers")
-
-    def _take(self, piece: int, source: str) -> None:
-        byte, bit = divmod(piece, 8)
-        if not self.held[byte] & (0x80 >> bit):
-            self.held[byte] |= 0x80 >> bit
-            self.have += 1
-            self.counters[source] += PIECE_SIZE
-
-    def report(self, now: float) -> bytes:
-        complete = self.have == PIECES
-        body: dict[str, Any] = {
-            "node": self.name,
-            "addr": f"{self.ip}:6881",
-            "artifacts": [
-                {
-                    "info_hash": INFO_HASH.hex(),
-                    "name": "index.db",
-                    "dest": "/var/lib/app/index.db",
-                    "state": "seeding" if complete else "fetching",
-                    "complete": complete,
-                    "size": ARTIFACT_SIZE,
-                    "have_bytes": self.have * PIECE_SIZE,
-                    "bytes_by_source": dict(self.counters),
-                    "down_rate": 50e6 if not complete else 0.0,
-                    "up_rate": 20e6,
-                    "uploaded": self.have * PIECE_SIZE,
-                    "peers": 30,
-                    "seconds": None,
-                    "error": None,
-                    "error_no_space": False,
-                    "s3_error": None,
-                    "udp_error": None,
-                    "hash_failures": 0,
-                    "peer_hash_failures": 0,
-                    "peers_banned": 0,
-                    "elapsed": round(now - self.started, 3),
-                    "piece_size": PIECE_SIZE,
-                    "piece_count": PIECES,
-                    "pieces": base64.b64encode(bytes(self.held)).decode(),
-                    "mode": "stripe",
-                }
-            ],
-        }
-        if not self.track_members:
-            body["want_members"] = False
-        elif self.members_epoch is not None or self.new_protocol:
-            body["members_epoch"] = self.members_epoch
-        return json.dumps(body).encode()
-
-    def announce_query(self, event: str) -> str:
-        params = {
-            "info_hash": INFO_HASH,
-            "peer_id": self.peer_id,
-            "port": 6881,
-            "uploaded": self.have * PIECE_SIZE,
-            "downloaded": self.have * PIECE_SIZE,
-            "left": (PIECES - self.have) * PIECE_SIZE,
-            "compact": 1,
-            "numwant": 200,
-            "ip": self.ip,
-        }
-        if event:
-            params["event"] = event
-        return "&".join(
-            f"{k}={quote_from_bytes(v if isinstance(v, bytes) else str(v).encode(), safe='')}"
-            for k, v in params.items()
-        )
 
 
 async def run_node(
@@ -573,7 +342,6 @@ def in_process(sizes: list[int], reports: int = 3000) -> None:
     """CPU per report and per announce of the coordinator's own code (parse, store,
     planner, membership, reply encoding; no HTTP), after N nodes joined: flat in N means
     O(1) per request. ``process_time``, so other processes on the machine matter less."""
-    sys.path.insert(0, str(ROOT))
     from swarm.coordinator.fleet import parse_epoch
     from swarm.coordinator.handlers import plan_origin
     from swarm.coordinator.load import report_interval
