@@ -7,14 +7,15 @@
 
 One load-generator process (asyncio, keep-alive HTTP through one aiohttp connection
 pool) drives every simulated node (``swarm.lab.simnode``); each coordinator is its own
-process, started fresh for each fleet size (``swarm.lab.loadcoordinators``). A node joins at ``i * join / N`` seconds (a scale-out), then
-behaves as the daemon does: it posts its report (the daemon's fields, one artifact
-with a 2,048-piece bitfield that fills as it "downloads", its stripe included) and
-waits for the reply before the next one, at the interval the reply asks for (``interval``;
-1 s if absent), echoing ``members_epoch``; it announces at join (``event=started``)
-and then at the tracker's ``interval``. With several coordinators (``--coordinators``)
-a node starts on coordinator ``i % K`` and moves to the next one after a failed request,
-as a node given ``--coordinator A,B`` does.
+process, started fresh for each fleet size (``swarm.lab.loadcoordinators``). A node
+joins at ``i * join / N`` seconds (a scale-out), then behaves as the daemon does: it
+posts its report (the daemon's fields, one artifact with a 2,048-piece bitfield that
+fills as it "downloads", its stripe included) and waits for the reply before the next
+one, at the interval the reply asks for (``interval``; 1 s if absent), echoing
+``members_epoch``; it announces at join (``event=started``) and then at the tracker's
+``interval``. With several coordinators (``--coordinators``) a node starts on
+coordinator ``i % K`` and moves to the next one after a failed request, as a node given
+``--coordinator A,B`` does.
 
 Per fleet size it prints: reports answered / offered (a node offers one report per
 interval it was asked for; a slot passes unanswered while the previous report still
@@ -48,6 +49,7 @@ from pathlib import Path
 import aiohttp
 
 from swarm.lab.loadcoordinators import (
+    REDIS_SERVER,
     Coordinator,
     coordinators,
     handled,
@@ -421,6 +423,8 @@ def main() -> None:
     if args.in_process:
         in_process(sizes)
         return
+    if args.store == "redis" and REDIS_SERVER is None:
+        parser.error("--store redis needs redis-server (apt-get install -y redis-server)")
     if any(not 0 < n <= MAX_NODES for n in sizes) or args.duration > 600:
         parser.error(f"fleet sizes must be 1..{MAX_NODES} and --duration at most 600 s")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

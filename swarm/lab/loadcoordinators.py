@@ -49,15 +49,30 @@ class Coordinator:
     """Reports and announces the coordinator counted (its /metrics), answered in time or not."""
 
 
+REDIS_SERVER = shutil.which("redis-server")
+"""The ``redis-server`` binary (None: not installed; ``apt-get install redis-server``)."""
+
+
 @contextlib.contextmanager
 def redis_server(workdir: Path) -> Iterator[str]:
-    """A private ``redis-server`` on a free loopback port, stopped by pid."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("--store redis needs redis-server (apt-get install -y redis-server)")
+    """A private ``redis-server`` (no persistence) on a free loopback port, its URL while
+    this is held; stopped by pid. RuntimeError if it is not installed or does not
+    answer within 10 s."""
+    if REDIS_SERVER is None:
+        raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
     port = free_port()
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [
+            REDIS_SERVER,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
         cwd=workdir,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -68,7 +83,7 @@ def redis_server(workdir: Path) -> Iterator[str]:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
             if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit("redis-server did not start")
+                raise RuntimeError("redis-server did not start")
             time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0"
     finally:

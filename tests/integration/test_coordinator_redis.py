@@ -9,10 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from swarm.coordinator.origin import StripePlanner
 from swarm.coordinator.planstate import MemoryPlanState
 from swarm.coordinator.reports import parse_report
 from swarm.coordinator.tracker import decode_compact_peers
+from swarm.lab.loadcoordinators import REDIS_SERVER, redis_server
 from tests.integration.test_coordinator import FakeClock, Server, pid, report, serve
 from tests.servers import FaultProxy, Faults, free_port, wait_until
 from tests.swarmnet import SWARM, Swarm, done_event, get_json
@@ -43,7 +41,6 @@ redis = pytest.importorskip("redis")
 from swarm.coordinator.redisplan import RedisPlanState  # noqa: E402
 from swarm.coordinator.redisstore import RedisPeerStore  # noqa: E402
 
-REDIS_SERVER = shutil.which("redis-server")
 if REDIS_SERVER is None and not os.environ.get("CI"):
     pytest.skip(
         "redis-server is not installed (apt-get install redis-server)", allow_module_level=True
@@ -53,37 +50,8 @@ if REDIS_SERVER is None and not os.environ.get("CI"):
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert REDIS_SERVER, "CI needs redis-server (apt-get install redis-server)"
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [
-            REDIS_SERVER,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, "redis-server"
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.kill()
-        process.wait(10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
 
 
 @pytest.fixture
