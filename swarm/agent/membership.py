@@ -32,10 +32,6 @@ BLOCKED_WAKE_GAP = 1.0
 it had not refused before (:meth:`Membership.refused`); never less than the report
 interval the coordinator asks for (it stretches it as the fleet grows)."""
 
-OWED_POLL = 0.1
-"""Seconds between looks for the answer to an announce that was on its way when new
-members asked for one (:meth:`Membership._owe`)."""
-
 MAX_DIALS = 32
 """Newly admitted members one reply's admission dials at once (those refused before they
 were known first); the announce it triggers finds the rest."""
@@ -70,9 +66,6 @@ class Membership:
         """Addresses the peer filter lets through (:meth:`take`)."""
         self._reannounce: threading.Timer | None = None
         self._reannounced_at = -math.inf
-        self._owed: set[str] = set()
-        """Torrents to announce once their tracker answers the announce on its way."""
-        self._owed_poll: threading.Timer | None = None
         self._blocked_wake_at = -math.inf
         self._refused: set[str] = set()
         session.admit_only([])  # nobody, until the coordinator names the members
@@ -136,9 +129,8 @@ class Membership:
 
     def close(self) -> None:
         with self._lock:
-            for timer in (self._reannounce, self._owed_poll):
-                if timer is not None:
-                    timer.cancel()
+            if self._reannounce is not None:
+                self._reannounce.cancel()
 
     def _announce_soon(self) -> None:
         with self._lock:
@@ -163,23 +155,4 @@ class Membership:
             if not self.session.torrents:
                 return  # dropped since it was asked for: not counted (see _announce_soon)
             self._reannounced_at = time.monotonic()
-        self._owe(self.session.reannounce())
-
-    def _owe(self, owed: set[str]) -> None:
-        """Torrents whose announce was on its way (sent before these members were named)
-        announce once it is answered: libtorrent drops a forced one meanwhile, and the
-        answer sets the next 30 s on (seen in CI: the first announce's reply not read
-        yet when the members came)."""
-        if not owed:
-            return
-        with self._lock:
-            self._owed |= owed
-            if self._owed_poll is None:
-                self._owed_poll = threading.Timer(OWED_POLL, self._announce_owed)
-                self._owed_poll.daemon = True
-                self._owed_poll.start()
-
-    def _announce_owed(self) -> None:
-        with self._lock:
-            owed, self._owed, self._owed_poll = self._owed, set(), None
-        self._owe(self.session.reannounce(owed))
+        self.session.reannounce()

@@ -371,27 +371,31 @@ class TorrentSession:
             with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
                 state.handle.connect_peer(address)
 
-    def reannounce(self, info_hashes: Iterable[str] | None = None) -> set[str]:
-        """Announce these torrents (every one by default) now, for a fresh peer list (see
-        ``Membership.take``). Returns those not announced: libtorrent drops a forced
-        announce while the tracker has one unanswered (``can_announce``: not
-        ``updating``), and the reply to that one sets the next 30 s on."""
-        owed: set[str] = set()
-        for info_hash in list(self.torrents if info_hashes is None else info_hashes):
-            state = self.torrents.get(info_hash)
-            if state is None:
-                continue
-            with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
-                if any(
-                    announce["updating"]
-                    for tracker in state.handle.trackers()
-                    for endpoint in tracker["endpoints"]
-                    for announce in endpoint["info_hashes"]
-                ):
-                    owed.add(info_hash)
-                    continue
-                state.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
-        return owed
+    def reannounce(self) -> None:
+        """Announce every torrent now, for a fresh peer list (see ``Membership.take``);
+        a torrent whose tracker has an announce unanswered announces once it is
+        answered (:meth:`_announce_owed`)."""
+        for state in list(self.torrents.values()):
+            state.announce_owed = True
+            self._announce_owed(state)
+
+    @staticmethod
+    def _announce_owed(state: TorrentState) -> None:
+        """Send the announce ``state`` owes, unless its tracker has one unanswered:
+        libtorrent drops a forced announce meanwhile (``can_announce``: not
+        ``updating``), and the answer to that one sets the next a whole interval on
+        (seen in CI: a member named while the first announce's answer was on its way).
+        Called again at each tracker answer (``_dispatch``)."""
+        with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
+            if not state.announce_owed or any(
+                announce["updating"]
+                for tracker in state.handle.trackers()
+                for endpoint in tracker["endpoints"]
+                for announce in endpoint["info_hashes"]
+            ):
+                return
+            state.announce_owed = False
+            state.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
 
     def save_resume(self, info_hash: str, flush: bool = False) -> None:
         state = self.torrents[info_hash]
@@ -559,8 +563,12 @@ class TorrentSession:
                 state.error_errno = alert.error.value()
             log.error("%s", alert.message())
             return
-        if isinstance(alert, lt.tracker_error_alert):
-            log.info("tracker: %s", alert.message())
+        if isinstance(alert, lt.tracker_reply_alert | lt.tracker_error_alert):
+            state = self._state_of(alert.handle)
+            if state and state.announce_owed:
+                self._announce_owed(state)
+            if isinstance(alert, lt.tracker_error_alert):
+                log.info("tracker: %s", alert.message())
             return
         if alert.category() & lt.alert.category_t.error_notification:
             log.warning("%s", alert.message())

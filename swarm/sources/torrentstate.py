@@ -58,6 +58,9 @@ class TorrentState:
     renamed: Future[str | None] | None = None
     """The pending ``rename_file`` (None: success, else libtorrent's error)."""
     paused: threading.Event = field(default_factory=threading.Event)
+    announce_owed: bool = False
+    """A forced announce was asked for while the tracker had one unanswered: it is sent
+    once that one is answered (``TorrentSession.reannounce``)."""
     priorities: PiecePriorities = field(init=False)
     """Which missing pieces libtorrent may bring from peers, and why not the others."""
     held: set[int] = field(default_factory=set)
