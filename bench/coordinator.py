@@ -39,7 +39,6 @@ import json
 import os
 import random
 import resource
-import signal
 import statistics
 import tempfile
 import time
@@ -48,15 +47,7 @@ from pathlib import Path
 
 import aiohttp
 
-from swarm.lab.loadcoordinators import (
-    REDIS_SERVER,
-    Coordinator,
-    coordinators,
-    handled,
-    proc_cpu,
-    proc_hwm,
-    redis_server,
-)
+from swarm.lab.loadcoordinators import REDIS_SERVER, LoadCoordinator, coordinators, redis_server
 from swarm.lab.simnode import INFO_HASH, PIECES, SimNode
 
 MAX_NODES = 20_000
@@ -245,7 +236,7 @@ async def announce(
 
 
 async def drive(
-    count: int, running: list[Coordinator], args: argparse.Namespace
+    count: int, running: list[LoadCoordinator], args: argparse.Namespace
 ) -> tuple[Stats, float, float]:
     rng = random.Random(args.seed)
     urls = [c.url for c in running]
@@ -263,7 +254,7 @@ async def drive(
         stats.settled_at = start + args.join + SETTLE
         wall0, cpu0 = time.monotonic(), self_cpu()
         for coordinator in running:
-            coordinator.cpu0 = proc_cpu(coordinator.process.pid)
+            coordinator.begin()
 
         async def probe() -> None:
             while loop.time() < end:
@@ -281,10 +272,8 @@ async def drive(
         if args.kill_at is not None and len(running) > 1:
             await asyncio.sleep(max(0.0, start + args.kill_at - loop.time()))
             victim = running[0]
-            victim.cpu = proc_cpu(victim.process.pid) - victim.cpu0
-            victim.hwm = proc_hwm(victim.process.pid)
-            victim.handled = await asyncio.to_thread(handled, victim)
-            victim.process.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(victim.measure)
+            victim.server.kill()
             killed[victim.url] = loop.time()
             for node in nodes:
                 if node.url == victim.url and node.started:
@@ -295,9 +284,7 @@ async def drive(
         wall = time.monotonic() - wall0
         for coordinator in running:
             if coordinator.cpu is None:
-                coordinator.cpu = proc_cpu(coordinator.process.pid) - coordinator.cpu0
-                coordinator.hwm = proc_hwm(coordinator.process.pid)
-                coordinator.handled = await asyncio.to_thread(handled, coordinator)
+                await asyncio.to_thread(coordinator.measure)
         return stats, wall, self_cpu() - cpu0
 
 
@@ -308,7 +295,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
-def row(count: int, stats: Stats, wall: float, own_cpu: float, running: list[Coordinator]) -> str:
+def row(
+    count: int, stats: Stats, wall: float, own_cpu: float, running: list[LoadCoordinator]
+) -> str:
     cores = " + ".join(f"{(c.cpu or 0) / wall:.2f}" for c in running)
     requests = sum(c.handled for c in running) or stats.answered + len(stats.announce_latencies)
     per_request = sum(c.cpu or 0 for c in running) / max(1, requests) * 1000

@@ -9,17 +9,15 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarm.lab.hosts import free_port
+from swarm.lab.coordinator import Coordinator
+from swarm.lab.hosts import LocalHost, free_port
 from swarm.lab.procs import cpu_seconds
-
-BIN = Path(sys.executable).parent
 
 
 def proc_cpu(pid: int) -> float:
@@ -36,17 +34,37 @@ def proc_hwm(pid: int) -> int:
 
 
 @dataclass
-class Coordinator:
-    """One coordinator process the bench started, and what it spent."""
+class LoadCoordinator:
+    """One coordinator the bench started (the lab's :class:`Coordinator` on loopback),
+    and what it spent over a run."""
 
-    url: str
-    process: subprocess.Popen[bytes]
+    server: Coordinator
     cpu0: float = 0.0
     cpu: float | None = None
     """CPU seconds over the run, kept at kill time for a coordinator killed mid-run."""
     hwm: int = 0
     handled: int = 0
     """Reports and announces the coordinator counted (its /metrics), answered in time or not."""
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def pid(self) -> int:
+        assert self.server.process is not None, "not running"
+        return self.server.process.pid
+
+    def begin(self) -> None:
+        """The run starts: its CPU is counted from here."""
+        self.cpu0 = proc_cpu(self.pid)
+
+    def measure(self) -> None:
+        """What it spent since :meth:`begin` and the requests it counted (blocking: one
+        HTTP request)."""
+        self.cpu = proc_cpu(self.pid) - self.cpu0
+        self.hwm = proc_hwm(self.pid)
+        self.handled = handled(self.url)
 
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -92,34 +110,35 @@ def redis_server(workdir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def coordinators(count: int, store: str | None, workdir: Path) -> Iterator[list[Coordinator]]:
-    started: list[Coordinator] = []
+def coordinators(count: int, store: str | None, workdir: Path) -> Iterator[list[LoadCoordinator]]:
+    """``count`` fresh coordinators on free loopback ports (sharing ``store``, a Redis
+    URL, if given), ready; killed on exit."""
+    host = LocalHost()
+    env = {k: v for k, v in os.environ.items() if k != "SWARM_SECRET"}  # an open fleet
+    args = ("--store", store) if store else ()
+    started = [
+        LoadCoordinator(
+            Coordinator(host, env, workdir / f"coordinator{i}.log", free_port(), args=args)
+        )
+        for i in range(count)
+    ]
     try:
-        for index in range(count):
-            port = free_port()
-            command = [str(BIN / "swarm"), "coordinator", "--listen", f"127.0.0.1:{port}"]
-            if store:
-                command += ["--store", store]
-            log = (workdir / f"coordinator{index}.log").open("wb")
-            env = {k: v for k, v in os.environ.items() if k != "SWARM_SECRET"}
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-            log.close()
-            started.append(Coordinator(f"http://127.0.0.1:{port}", process))
         for coordinator in started:
-            wait_healthy(coordinator)
-            coordinator.cpu0 = proc_cpu(coordinator.process.pid)
+            coordinator.server.start(wait=False)
+        for coordinator in started:
+            coordinator.server.wait_ready()
         yield started
     finally:
         for coordinator in started:
-            if coordinator.process.poll() is None:
-                coordinator.process.kill()
-            coordinator.process.wait(10)
+            coordinator.server.kill()
+        host.stop()
 
 
-def handled(coordinator: Coordinator) -> int:
-    """Reports and announces the coordinator processed, from its Prometheus counters."""
+def handled(url: str) -> int:
+    """Reports and announces the coordinator at ``url`` processed, from its Prometheus
+    counters (0 if it does not answer)."""
     try:
-        with urllib.request.urlopen(coordinator.url + "/metrics", timeout=10) as response:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
             text = response.read().decode()
     except OSError:
         return 0
@@ -128,17 +147,3 @@ def handled(coordinator: Coordinator) -> int:
         if line.startswith(("swarm_reports_total ", "swarm_announces_total{")):
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
-
-
-def wait_healthy(coordinator: Coordinator) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if coordinator.process.poll() is not None:
-            raise SystemExit(f"coordinator exited with {coordinator.process.returncode}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(coordinator.url + "/healthz", timeout=1),
-        ):
-            return
-        time.sleep(0.05)
-    raise SystemExit("coordinator did not answer /healthz within 30 s")
