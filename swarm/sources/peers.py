@@ -380,6 +380,17 @@ class TorrentSession:
             self._announce_owed(state)
 
     @staticmethod
+    def announce_unanswered(handle: Any) -> bool:
+        """Whether the torrent of ``handle`` has an announce its tracker has not answered
+        (or a tracker's answer libtorrent has not read yet)."""
+        return any(
+            announce["updating"]
+            for tracker in handle.trackers()
+            for endpoint in tracker["endpoints"]
+            for announce in endpoint["info_hashes"]
+        )
+
+    @staticmethod
     def _announce_owed(state: TorrentState) -> None:
         """Send the announce ``state`` owes, unless its tracker has one unanswered:
         libtorrent drops a forced announce meanwhile (``can_announce``: not
@@ -387,12 +398,7 @@ class TorrentSession:
         (seen in CI: a member named while the first announce's answer was on its way).
         Called again at each tracker answer (``_dispatch``)."""
         with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
-            if not state.announce_owed or any(
-                announce["updating"]
-                for tracker in state.handle.trackers()
-                for endpoint in tracker["endpoints"]
-                for announce in endpoint["info_hashes"]
-            ):
+            if not state.announce_owed or TorrentSession.announce_unanswered(state.handle):
                 return
             state.announce_owed = False
             state.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
