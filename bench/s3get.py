@@ -37,7 +37,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from swarm.lab.hosts import free_port
+from swarm.lab.procs import cpu_seconds, daemon_pid
 from swarm.lab.s3 import S3Error, build_minio
 from swarm.pieces import file_sha256, parse_size, write_random_file
 
@@ -124,12 +125,6 @@ class Results:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(
@@ -349,20 +344,13 @@ def one_run(
 
 def proc_cpu(pid: int | None) -> float:
     """User + system CPU-seconds a live process has used (0 if it is gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (cpu_seconds(pid, children=False) or 0.0) if pid is not None else 0.0
 
 
 def stop_daemon(home: Path) -> float:
     """Stop the node daemon of ``home`` if one runs; return the CPU-seconds it used."""
-    try:
-        pid = int((home / "daemon.pid").read_text())
-    except (OSError, ValueError):
+    pid = daemon_pid(home)
+    if pid is None:
         return 0.0
     used = proc_cpu(pid)
     with contextlib.suppress(ProcessLookupError):
