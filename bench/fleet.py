@@ -14,6 +14,10 @@ restarted). The systems (swarm/lab/systems.py, one class each):
                 after it is done, until every node is done
     aria2c      aria2c with the same torrent and tracker, seeding until every node is done
     s5cmd       ``s5cmd cp s3://BUCKET/KEY DEST`` on all nodes (S3 only; no seeders)
+    swarm@REV   swarm as commit REV has it (swarm/lab/revisions.py: its ``swarm/`` from
+                git, nodes and coordinator running it), to judge a change against the
+                code before it in one invocation: ``--systems swarm,swarm@HEAD~1
+                --repeat 4`` alternates the two round by round
 
 Reported per system: all-done seconds (the last node's completion, from the common
 start), each node's time, the ratio to the Kumar-Ross lower bound
@@ -69,12 +73,19 @@ from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
 from swarm.lab.s3 import S3Error, build_minio
 from swarm.lab.scenarios import DEFAULTS, SCENARIOS, scenario
 from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS
+from swarm.lab.systems import system as named_system
 from swarm.pieces import parse_size
+
+
+def name_width(names: list[str]) -> int:
+    """The system column's width: 11, or the longest name (``swarm@REV``)."""
+    return max([11, *map(len, names)])
 
 
 def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, str]) -> str:
     swarm = next((r.all_done for r in results if r.system == "swarm"), None)
     rows = [r.row(swarm) for r in results]
+    width = name_width([r.system for r in results] + list(failures))
     plan = config.allocation()
     lines = [
         f"scenario {config.scenario or 'custom'}: N={config.nodes} new nodes, "
@@ -98,7 +109,7 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         f"{plan.mode.value} (direct S3 share {plan.direct:.0%}) and predicts "
         f"{plan.finish:.2f} s",
         "",
-        f"{'system':<11} {'all-done s':>10} {'median s':>9} {'x T*':>6} {'x swarm':>8} "
+        f"{'system':<{width}} {'all-done s':>10} {'median s':>9} {'x T*':>6} {'x swarm':>8} "
         f"{'origin B/F':>10} {'node B/F':>8} {'CPU-s/node/GiB':>14} {'cpu avg':>8} "
         f"{'cpu sat':>8}",
     ]
@@ -109,7 +120,7 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
         received = row["node_received_per_F"]
         node_bf = f"{received:.3f}" if received is not None else "-"
         lines.append(
-            f"{row['system']:<11} {row['all_done_s']:>10.2f} {row['median_s']:>9.2f} "
+            f"{row['system']:<{width}} {row['all_done_s']:>10.2f} {row['median_s']:>9.2f} "
             f"{row['vs_bound']:>6.2f} {vs:>8} {row['origin_bytes_per_F']:>10.2f} {node_bf:>8} "
             f"{cpu:>14} {row['cpu_busy_avg']:>8.0%} {row['cpu_saturated']:>8.0%}"
         )
@@ -124,19 +135,19 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
             )
         for note in r.notes:
             lines.append(f"  {r.system}: {note}")
-        if r.system == "swarm":
+        if r.system.partition("@")[0] == "swarm":
             total: dict[str, int] = {}
             for n in r.nodes:
                 for k, v in (n.bytes_by_source or {}).items():
                     total[k] = total.get(k, 0) + int(v)
             shares = ", ".join(f"{k} {v / (r.size * len(r.nodes)):.0%}" for k, v in total.items())
-            lines.append(f"  swarm bytes by source (share of N*F): {shares}")
+            lines.append(f"  {r.system} bytes by source (share of N*F): {shares}")
     best = fastest_baseline(results)
     if swarm is not None and best is not None:
         lines.append(f"  swarm / fastest baseline ({best.system}) = {swarm / best.all_done:.2f}")
     for system, why in failures.items():
         # the header and the failing job's own reason (its log tails are in the run's log)
-        lines.append(f"{system:<11} FAILED: {' '.join(why.splitlines()[:2])}")
+        lines.append(f"{system:<{width}} FAILED: {' '.join(why.splitlines()[:2])}")
     lines.append(
         "node B/F: what a node's downlink carried until all were done (every protocol, "
         "headers included), in F, the mean over nodes; "
@@ -154,14 +165,15 @@ def rounds_table(
 ) -> str:
     """What ``rounds`` rounds show together (``--repeat``)."""
     bound = config.bound()
+    width = name_width(list(summary.all_done))
     lines = [
         f"{rounds} rounds, T* {bound:.2f} s (a system's failed rounds left out)",
-        f"{'system':<11} {'median s':>9} {'min s':>7} {'max s':>7} {'median x T*':>12}",
+        f"{'system':<{width}} {'median s':>9} {'min s':>7} {'max s':>7} {'median x T*':>12}",
     ]
     for system, times in summary.all_done.items():
         median = statistics.median(times)
         lines.append(
-            f"{system:<11} {median:>9.2f} {min(times):>7.2f} {max(times):>7.2f} "
+            f"{system:<{width}} {median:>9.2f} {min(times):>7.2f} {max(times):>7.2f} "
             f"{median / bound:>12.2f}"
         )
     if summary.swarm_vs_fastest:
@@ -232,7 +244,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     parser.add_argument(
         "--systems",
         default=",".join(DEFAULT_SYSTEMS),
-        help=f"comma list of {', '.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})",
+        help=f"comma list of {', '.join(SYSTEMS)}, and swarm@REV: swarm as commit REV has "
+        f"it, beside the working tree's (default: {','.join(DEFAULT_SYSTEMS)})",
     )
     parser.add_argument(
         "--s3",
@@ -286,9 +299,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     flags = {key: getattr(args, key, None) for key in DEFAULTS}
     values = scenario(args.scenario, args.rate_scale, **flags)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        parser.error(f"--systems: unknown {unknown}; choose from {', '.join(SYSTEMS)}")
+    if len(set(systems)) < len(systems):
+        parser.error(f"--systems: {args.systems!r} names a system twice")
+    for name in systems:
+        try:
+            named_system(name)  # (swarm@REV: its commit extracted here, once)
+        except ValueError as error:
+            parser.error(f"--systems: {error}")
     args.systems = systems
     try:
         config = FleetConfig(

@@ -230,9 +230,11 @@ class Fleet:
         sys_ = system(which) if isinstance(which, str) else which
         name = sys_.name
         config = self.config
-        root = self.work / name
+        root = self.work / name.replace("/", "_")  # (swarm@REV: a branch may hold a slash)
         root.mkdir()
-        self.coordinator.start()  # every system gets a tracker with no stale state
+        # every system gets a tracker with no stale state (swarm@REV: that commit's)
+        self.coordinator.env = {**self.env, **sys_.env()}
+        self.coordinator.start()
         notes: list[str] = []
         jobs: list[Job] = []
         cpu_by_node: dict[str, float] = {}
@@ -244,7 +246,7 @@ class Fleet:
                 notes.append(f"{name} does not seed: the seeders do not help it")
             drops_before = self.lab.qdisc_drops()
             wan_before = self.wan.stats() if self.wan is not None else {}
-            if name == "swarm" and self.keep:
+            if name.partition("@")[0] == "swarm" and self.keep:
                 trace = root / "fleet-trace.jsonl"  # the coordinator's view, for --keep
                 self.tracer = self.origin.popen(
                     [sys.executable, "-c", TRACE_FLEET, self.coordinator.url + "/v1/fleet",
@@ -264,7 +266,8 @@ class Fleet:
                     node_dir = root / host.name
                     dest = node_dir / "dest"
                     dest.mkdir(parents=True)
-                    env = {**self.env, **self.node_env, "SWARM_HOME": str(node_dir / "home")}
+                    env = {**self.env, **self.node_env, **sys_.env()}
+                    env["SWARM_HOME"] = str(node_dir / "home")
                     jobs.append(
                         Job(
                             host.name,
@@ -355,7 +358,7 @@ class Fleet:
             node_dir = root / host.name
             dest = node_dir / "dest"
             dest.mkdir(parents=True)
-            env = {**self.env, "SWARM_HOME": str(node_dir / "home")}
+            env = {**self.env, **sys_.env(), "SWARM_HOME": str(node_dir / "home")}
             if not sys_.seeder_fetches:  # it finds the complete file and seeds it
                 shutil.copyfile(self.source, dest / NAME)
             jobs.append(

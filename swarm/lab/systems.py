@@ -4,6 +4,9 @@ A system says what a node runs to get the artifact (:meth:`System.command`), how
 command says it is done, and whether it keeps seeding afterwards. Everything else (hosts,
 origin, timing, verification, CPU accounting) is :class:`swarm.lab.fleet.Fleet`'s and the
 same for every system. Adding a system is one subclass and one entry in :data:`SYSTEMS`.
+
+``swarm@REV`` (and ``swarm-solo@REV``) is swarm as commit ``REV`` has it
+(:mod:`swarm.lab.revisions`), to run beside the working tree's in one invocation.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from swarm.lab import revisions
 from swarm.lab.s3 import BIN, SWARM
 
 if TYPE_CHECKING:
@@ -33,7 +37,8 @@ echo '{"event": "done", "path": "'"$3"'"}'
 class System:
     """One way to put the artifact on a node."""
 
-    name: ClassVar[str]
+    name: str
+    """How the bench names it (a class's default; ``swarm@REV`` names its instance)."""
     done_on_exit: ClassVar[bool] = False
     """Done = the command exits 0 (it prints no JSON ``{"event": "done"}`` line)."""
     seeds_after: ClassVar[bool] = True
@@ -47,6 +52,10 @@ class System:
         """Why this system cannot run here (a missing binary), or None."""
         return None
 
+    def env(self) -> dict[str, str]:
+        """Environment its nodes, seeders and coordinator get on top of the fleet's."""
+        return {}
+
     def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
         """What a node runs to put the artifact into ``dest_dir`` (``seed``: a seeder,
         holding the file, or fetching it alone before the run)."""
@@ -59,6 +68,16 @@ class Swarm(System):
 
     name = "swarm"
     seeder_fetches = True  # a swarm seeder is a node that fetched before
+
+    def __init__(self, rev: str | None = None) -> None:
+        """``rev``: run that commit's swarm package (:func:`swarm.lab.revisions.checkout`;
+        ValueError if it names no commit), named ``<name>@<rev>``."""
+        self.code = revisions.checkout(rev) if rev is not None else None
+        if rev is not None:
+            self.name = f"{type(self).name}@{rev}"
+
+    def env(self) -> dict[str, str]:
+        return {} if self.code is None else {"PYTHONPATH": revisions.python_path(self.code)}
 
     def command(self, fleet: Fleet, host: Host, dest_dir: Path, seed: bool) -> list[str]:
         return [*SWARM, "fetch", fleet.artifact_name, str(dest_dir / fleet.artifact_name),
@@ -139,8 +158,14 @@ DEFAULT_SYSTEMS: tuple[str, ...] = ("swarm", "libtorrent", "aria2c", "s5cmd")
 
 
 def system(name: str) -> System:
-    """The system called ``name``; ValueError listing the known ones otherwise."""
-    try:
-        return SYSTEMS[name]()
-    except KeyError:
-        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}") from None
+    """The system called ``name`` (``swarm@REV``: swarm as commit ``REV`` has it);
+    ValueError listing the known ones otherwise."""
+    base, at, rev = name.partition("@")
+    kind = SYSTEMS.get(base)
+    if kind is None:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+    if not at:
+        return kind()
+    if not issubclass(kind, Swarm) or not rev:
+        raise ValueError(f"{name!r}: only swarm@REV and swarm-solo@REV name a commit")
+    return kind(rev)
