@@ -176,6 +176,12 @@ def rounds_table(
             f"{system:<{width}} {median:>9.2f} {min(times):>7.2f} {max(times):>7.2f} "
             f"{median / bound:>12.2f}"
         )
+    for other, paired in summary.vs_swarm.items():
+        faster = sum(ratio < 1 for ratio in paired)
+        lines.append(
+            f"  {other} / swarm, round by round: {' '.join(f'{r:.3f}' for r in paired)} "
+            f"(median {statistics.median(paired):.3f}; faster in {faster} of {len(paired)})"
+        )
     if summary.swarm_vs_fastest:
         ratios = " ".join(f"{r:.2f}" for r in summary.swarm_vs_fastest)
         lines.append(f"  swarm / fastest baseline, round by round: {ratios}")
@@ -303,9 +309,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         parser.error(f"--systems: {args.systems!r} names a system twice")
     for name in systems:
         try:
-            named_system(name)  # (swarm@REV: its commit extracted here, once)
+            chosen = named_system(name)  # (swarm@REV: its commit extracted here, once)
         except ValueError as error:
             parser.error(f"--systems: {error}")
+        code = getattr(chosen, "code", None)
+        if code is not None:
+            log(f"{name} is commit {code.name[:12]}")
     args.systems = systems
     try:
         config = FleetConfig(

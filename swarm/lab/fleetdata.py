@@ -236,6 +236,9 @@ class RoundsSummary:
     most ``baseline_limit`` x the fastest baseline's time."""
     judged: int
     """Rounds with swarm and a baseline (the ones ``met`` counts among)."""
+    vs_swarm: dict[str, list[float]] = field(default_factory=dict)
+    """Per other swarm (``swarm@REV``, ``swarm-solo``): its all-done over swarm's, round by
+    round (rounds with both): a change judged pair by pair, the rounds' noise shared."""
 
 
 TARGET_BOUND = 1.25
@@ -261,11 +264,15 @@ def summarize_rounds(
     together; targets as issue 11 puts them (``baseline_limit`` 1.05 at full rates)."""
     all_done: dict[str, list[float]] = {}
     ratios: list[float] = []
+    vs_swarm: dict[str, list[float]] = {}
     met = 0
     for results in rounds:
         for result in results:
             all_done.setdefault(result.system, []).append(result.all_done)
         swarm = next((r for r in results if r.system == "swarm"), None)
+        for other in results:
+            if swarm is not None and other.system.startswith("swarm") and other is not swarm:
+                vs_swarm.setdefault(other.system, []).append(other.all_done / swarm.all_done)
         best = fastest_baseline(results)
         if swarm is None or best is None:
             continue
@@ -273,4 +280,4 @@ def summarize_rounds(
         ratios.append(ratio)
         if swarm.all_done <= TARGET_BOUND * swarm.bound and ratio <= baseline_limit:
             met += 1
-    return RoundsSummary(all_done, ratios, met, len(ratios))
+    return RoundsSummary(all_done, ratios, met, len(ratios), vs_swarm)

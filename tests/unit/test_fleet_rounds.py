@@ -39,6 +39,18 @@ def test_swarm_solo_is_not_a_baseline() -> None:
     assert summary.swarm_vs_fastest == [] and summary.judged == 0
 
 
+def test_another_commits_swarm_is_paired_with_swarm_round_by_round() -> None:
+    rounds = [
+        [result("swarm", 20.0), result("swarm@HEAD~1", 22.0), result("aria2c", 30.0)],
+        [result("swarm@HEAD~1", 19.0), result("swarm", 20.0)],
+        [result("swarm@HEAD~1", 21.0)],  # swarm failed: nothing to pair
+    ]
+    summary = summarize_rounds(rounds)
+    assert summary.vs_swarm == {"swarm@HEAD~1": [22.0 / 20.0, 19.0 / 20.0]}
+    assert summary.swarm_vs_fastest == [20.0 / 30.0]  # swarm@REV is no baseline
+    assert summarize_rounds([[result("swarm", 20.0), result("s5cmd", 19.0)]]).vs_swarm == {}
+
+
 def test_the_fastest_baseline_and_the_targets_margin() -> None:
     results = [result("swarm", 24.0), result("swarm-solo", 20.0), result("s5cmd", 23.0)]
     best = fastest_baseline([*results, result("aria2c", 25.0)])
