@@ -46,6 +46,8 @@ def _git(*args: str) -> bytes:
         )
     except FileNotFoundError:
         raise ValueError("git is not installed: swarm@REV needs it") from None
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"git {args[0]} took over {GIT_TIMEOUT:g} s") from None
     except subprocess.CalledProcessError as error:
         message = error.stderr.decode(errors="replace").strip() or f"exit {error.returncode}"
         raise ValueError(f"git {args[0]}: {message}") from None
