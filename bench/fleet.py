@@ -72,7 +72,7 @@ from swarm.lab.jobs import FleetError
 from swarm.lab.netlab import LabError, available_tcp_cc, machine_tcp_cc
 from swarm.lab.s3 import S3Error, build_minio
 from swarm.lab.scenarios import DEFAULTS, SCENARIOS, scenario
-from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS
+from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS, base_name
 from swarm.lab.systems import system as named_system
 from swarm.pieces import parse_size
 
@@ -135,7 +135,7 @@ def table(config: FleetConfig, results: list[SystemResult], failures: dict[str, 
             )
         for note in r.notes:
             lines.append(f"  {r.system}: {note}")
-        if r.system.partition("@")[0] == "swarm":
+        if base_name(r.system) == "swarm":
             total: dict[str, int] = {}
             for n in r.nodes:
                 for k, v in (n.bytes_by_source or {}).items():
@@ -307,12 +307,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if len(set(systems)) < len(systems):
         parser.error(f"--systems: {args.systems!r} names a system twice")
+    args.chosen = []
     for name in systems:
-        try:
-            chosen = named_system(name)  # (swarm@REV: its commit extracted here, once)
+        try:  # (swarm@REV: its commit resolved and extracted here, once for every round)
+            args.chosen.append(named_system(name))
         except ValueError as error:
             parser.error(f"--systems: {error}")
-        code = getattr(chosen, "code", None)
+        code = getattr(args.chosen[-1], "code", None)
         if code is not None:
             log(f"{name} is commit {code.name[:12]}")
     args.systems = systems
@@ -337,10 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         rounds: list[tuple[list[SystemResult], dict[str, str]]] = []
         with run_deadline(args.run_timeout):
             for round_no in range(args.repeat):
-                turn = round_no % len(args.systems)
-                order = args.systems[turn:] + args.systems[:turn]
+                turn = round_no % len(args.chosen)
+                order = args.chosen[turn:] + args.chosen[:turn]
                 if args.repeat > 1:
-                    log(f"round {round_no + 1} of {args.repeat}: {', '.join(order)}")
+                    names = ", ".join(each.name for each in order)
+                    log(f"round {round_no + 1} of {args.repeat}: {names}")
                 results, failures = run_fleet(
                     config, order, keep=args.keep, trace_peers=args.trace_peers
                 )

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from swarm.lab.linkuse import LinkSampler, LinkUse, link_use, save_samples
 from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
 from swarm.lab.procs import cpu_seconds
 from swarm.lab.s3 import S3Error, S3Server, publish
-from swarm.lab.systems import SEEDER_TIMEOUT, System, system
+from swarm.lab.systems import SEEDER_TIMEOUT, System, base_name, system
 from swarm.lab.wan import Shape, Wan, split_regions
 from swarm.pieces import file_sha256, write_random_file
 from swarm.sources.peertrace import TRACE_ENV
@@ -246,7 +246,7 @@ class Fleet:
                 notes.append(f"{name} does not seed: the seeders do not help it")
             drops_before = self.lab.qdisc_drops()
             wan_before = self.wan.stats() if self.wan is not None else {}
-            if name.partition("@")[0] == "swarm" and self.keep:
+            if base_name(name) == "swarm" and self.keep:
                 trace = root / "fleet-trace.jsonl"  # the coordinator's view, for --keep
                 self.tracer = self.origin.popen(
                     [sys.executable, "-c", TRACE_FLEET, self.coordinator.url + "/v1/fleet",
@@ -410,15 +410,19 @@ def compile_swarm() -> None:
 
 
 def run_fleet(
-    config: FleetConfig, systems: list[str], keep: bool = False, trace_peers: bool = False
+    config: FleetConfig,
+    systems: Sequence[System | str],
+    keep: bool = False,
+    trace_peers: bool = False,
 ) -> tuple[list[SystemResult], dict[str, str]]:
-    """Run ``systems`` one after the other; returns their results and, per system that
-    failed (a timeout, a client error, a wrong file), why. A failed system does not stop
-    the others; the setup failing does (FleetError). ``trace_peers``: see :class:`Fleet`."""
+    """Run ``systems`` (or the systems so named) one after the other; returns their
+    results and, per system that failed (a timeout, a client error, a wrong file), why. A
+    failed system does not stop the others; the setup failing does (FleetError).
+    ``trace_peers``: see :class:`Fleet`."""
     reason = lab_unavailable()
     if reason:
         raise FleetError(f"cannot build the network lab: {reason}")
-    chosen = [system(name) for name in systems]
+    chosen = [system(each) if isinstance(each, str) else each for each in systems]
     for each in chosen:
         why = each.unavailable()
         if why:

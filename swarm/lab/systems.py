@@ -72,8 +72,9 @@ class Swarm(System):
     def __init__(self, rev: str | None = None) -> None:
         """``rev``: run that commit's swarm package (:func:`swarm.lab.revisions.checkout`;
         ValueError if it names no commit), named ``<name>@<rev>``."""
-        self.code = revisions.checkout(rev) if rev is not None else None
+        self.code: Path | None = None
         if rev is not None:
+            self.code = revisions.checkout(rev)
             self.name = f"{type(self).name}@{rev}"
 
     def env(self) -> dict[str, str]:
@@ -155,6 +156,11 @@ SYSTEMS: dict[str, type[System]] = {
 
 DEFAULT_SYSTEMS: tuple[str, ...] = ("swarm", "libtorrent", "aria2c", "s5cmd")
 """What the bench runs unless told (swarm against every baseline)."""
+
+
+def base_name(name: str) -> str:
+    """The system a name runs, whatever commit it names (``swarm@REV``: ``swarm``)."""
+    return name.partition("@")[0]
 
 
 def system(name: str) -> System:
