@@ -50,7 +50,7 @@ from pathlib import Path
 from types import FrameType
 
 from swarm.lab.hosts import free_port
-from swarm.lab.procs import cpu_seconds, daemon_pid
+from swarm.lab.procs import daemon_pid, own_cpu_seconds
 from swarm.lab.s3 import S3Error, build_minio
 from swarm.pieces import file_sha256, parse_size, write_random_file
 
@@ -309,12 +309,12 @@ def one_run(
     home = Path(env["SWARM_HOME"]) / f"{tool}-{round_no}"  # a fresh node every run
     env = {**env, "SWARM_HOME": str(home)}
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = proc_cpu(server_pid)
+    server_before = own_cpu_seconds(server_pid)
     started = time.perf_counter()
     try:
         done = run(cmd, env, timeout, f"{tool} (round {round_no})")
         seconds = time.perf_counter() - started
-        server_cpu = proc_cpu(server_pid) - server_before
+        server_cpu = own_cpu_seconds(server_pid) - server_before
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
         cpu += stop_daemon(home)  # the daemon is not our child: read it before it goes
@@ -342,17 +342,12 @@ def one_run(
     )
 
 
-def proc_cpu(pid: int | None) -> float:
-    """User + system CPU-seconds a live process has used (0 if it is gone)."""
-    return (cpu_seconds(pid, children=False) or 0.0) if pid is not None else 0.0
-
-
 def stop_daemon(home: Path) -> float:
     """Stop the node daemon of ``home`` if one runs; return the CPU-seconds it used."""
     pid = daemon_pid(home)
     if pid is None:
         return 0.0
-    used = proc_cpu(pid)
+    used = own_cpu_seconds(pid)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     (home / "daemon.pid").unlink(missing_ok=True)

@@ -17,12 +17,7 @@ from pathlib import Path
 
 from swarm.lab.coordinator import Coordinator
 from swarm.lab.hosts import LocalHost, free_port
-from swarm.lab.procs import cpu_seconds
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` so far (0 once it is gone)."""
-    return cpu_seconds(pid, children=False) or 0.0
+from swarm.lab.procs import own_cpu_seconds
 
 
 def proc_hwm(pid: int) -> int:
@@ -57,12 +52,12 @@ class LoadCoordinator:
 
     def begin(self) -> None:
         """The run starts: its CPU is counted from here."""
-        self.cpu0 = proc_cpu(self.pid)
+        self.cpu0 = own_cpu_seconds(self.pid)
 
     def measure(self) -> None:
         """What it spent since :meth:`begin` and the requests it counted (blocking: one
         HTTP request)."""
-        self.cpu = proc_cpu(self.pid) - self.cpu0
+        self.cpu = own_cpu_seconds(self.pid) - self.cpu0
         self.hwm = proc_hwm(self.pid)
         self.handled = handled(self.url)
 

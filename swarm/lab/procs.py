@@ -122,3 +122,9 @@ def cpu_seconds(pid: int, children: bool = True) -> float | None:
     if children:
         ticks += int(fields[13]) + int(fields[14])
     return ticks / CLOCK_TICKS
+
+
+def own_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds ``pid`` itself has used (its reaped children left out), 0 for None or a
+    process gone: what a bench counts from a mark to a mark."""
+    return (cpu_seconds(pid, children=False) or 0.0) if pid is not None else 0.0
