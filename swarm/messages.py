@@ -65,11 +65,61 @@ def _peer_addr(text: object) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def _piece_indices(body: dict[str, Any], name: str) -> tuple[int, ...]:
+    value = body.get(name) or []
+    if not isinstance(value, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    ):
+        raise UsageError(f"swarm: bad fetch request: {name} must be piece indices, got {value!r}")
+    return tuple(value)
+
+
+def _optional_seconds(body: dict[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not 0 <= value < 3600  # NaN fails too
+    ):
+        raise UsageError(f"swarm: bad fetch request: {name} must be seconds, got {value!r}")
+    return float(value)
+
+
 def _optional_str(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):
         raise UsageError(f"swarm: bad fetch request: {name} must be a string, got {value!r}")
     return value or None
+
+
+@dataclass(frozen=True)
+class S3Read:
+    """What ``swarm fetch``'s own S3 GET streamed while the node's daemon started
+    (:mod:`swarm.agent.earlyread`): the daemon counts it as its S3 reader's (its bytes,
+    and its seconds as reading time), so the coordinator's S3 rates include it."""
+
+    bytes: int
+    seconds: float
+
+    @classmethod
+    def from_json(cls, body: object) -> S3Read:
+        if isinstance(body, dict):
+            nbytes, seconds = body.get("bytes"), body.get("seconds")
+            if (
+                isinstance(nbytes, int)
+                and isinstance(seconds, int | float)
+                and not isinstance(nbytes, bool)
+                and not isinstance(seconds, bool)
+                and nbytes >= 0
+                and 0 <= seconds < 3600  # NaN fails too
+            ):
+                return cls(nbytes, float(seconds))
+        raise UsageError(f"swarm: bad request: an S3 read is {{bytes, seconds}}, got {body!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "seconds": self.seconds}
 
 
 @dataclass(frozen=True)
@@ -89,6 +139,15 @@ class FetchRequest:
         manifest: the artifact's manifest (its JSON text) as ``swarm fetch`` read it
             while the daemon it started came up; the daemon checks it as one it reads
             itself (and its signature, with a fleet secret). None: the daemon reads it.
+        early: pieces ``swarm fetch`` read from S3 meanwhile and hands over next
+            (``PUT /v1/artifacts/IH/pieces/N``); the S3 reader leaves them alone until
+            they arrive (:mod:`swarm.agent.earlyread`).
+        s3_rtt: S3's round trip in seconds as ``swarm fetch`` measured it before its
+            first GET, on an idle link (the daemon's own measurement waits behind the
+            bytes of that GET in the downlink's queue). None: not measured.
+        s3_read: the bytes that GET received and the seconds it took until the daemon
+            took the fetch: S3's rate to this node, counted as the S3 reader's own (the
+            coordinator's first sample of it). None: no such read.
     """
 
     source: str
@@ -101,6 +160,9 @@ class FetchRequest:
     coordinator: str | None = None
     peers_from_asg: str | None = None
     manifest: str | None = None
+    early: tuple[int, ...] = ()
+    s3_rtt: float | None = None
+    s3_read: S3Read | None = None
 
     @classmethod
     def from_json(cls, body: object) -> FetchRequest:
@@ -126,11 +188,15 @@ class FetchRequest:
             coordinator=_optional_str(body, "coordinator"),
             peers_from_asg=_optional_str(body, "peers_from_asg"),
             manifest=_optional_str(body, "manifest"),
+            early=_piece_indices(body, "early"),
+            s3_rtt=_optional_seconds(body, "s3_rtt"),
+            s3_read=S3Read.from_json(body["s3_read"]) if body.get("s3_read") else None,
         )
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["sources"] = list(self.sources)
+        body["early"] = list(self.early)
         return body
 
 

@@ -117,13 +117,13 @@ class Swarm:
         self.nodes.append(node)
         return node
 
-    def start_daemon(self, node: Node, *args: str) -> subprocess.Popen[Any]:
-        """Run ``swarm daemon`` for ``node`` (with ``args``); return once its API answers
-        (it restores held artifacts before it serves, so they are listed by then)."""
+    def start_daemon(self, node: Node, *args: str, verbose: bool = False) -> subprocess.Popen[Any]:
+        """Run ``swarm daemon`` for ``node`` (with ``args``; ``verbose``: its info lines
+        too); return once its API answers (it restores held artifacts before it serves,
+        so they are listed by then). Its output: ``daemon-started.log`` in the home."""
         log = (node.home / "daemon-started.log").open("ab")
-        process = subprocess.Popen(
-            [SWARM, "daemon", "--listen", node.ip, *args], env=node.env, stdout=log, stderr=log
-        )
+        command = [SWARM, *(["-v"] if verbose else []), "daemon", "--listen", node.ip, *args]
+        process = subprocess.Popen(command, env=node.env, stdout=log, stderr=log)
         log.close()
         self.processes.append(process)
 

@@ -3,6 +3,10 @@
     GET  /v1/health               {"node", "pid", "listen", "coordinator", "peers_from_asg"}
     POST /v1/fetch                a :class:`~swarm.messages.FetchRequest` -> status
     GET  /v1/artifacts            every artifact held (the node's report)
+    PUT  /v1/artifacts/IH/pieces/N  a piece ``swarm fetch`` read while this daemon
+                                  started (:mod:`swarm.agent.earlyread`) -> {"kept"}
+    POST /v1/artifacts/IH/early   no more such pieces come; {"bytes", "seconds"}: what
+                                  that read streamed after the fetch request
     GET  /v1/artifacts/IH         one :class:`~swarm.messages.ArtifactStatus`; with
                                   ``?wait=S`` (at most 5) answered once the artifact is
                                   verified or failed, or after S seconds (a long poll:
@@ -36,12 +40,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from swarm.agent.earlyread import take_piece
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
 from swarm.fleetauth import bearer, token_matches
-from swarm.messages import FetchRequest
+from swarm.messages import FetchRequest, S3Read
+from swarm.pieces import MAX_PIECE_SIZE
 
 if TYPE_CHECKING:
     from swarm.agent.daemon import Daemon
+    from swarm.agent.registry import Artifact
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve("POST")
 
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("api: " + format, *args)  # no access log (and no client address here)
 
@@ -131,6 +141,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(self.server.on_loop(daemon.snapshot))
             elif method == "GET" and len(parts) == 3 and parts[:2] == ["v1", "artifacts"]:
                 self._artifact(daemon, parts[2], parse_qs(url.query).get("wait", ["0"])[-1])
+            elif (
+                method == "PUT"
+                and len(parts) == 5
+                and parts[:2] + parts[3:4] == ["v1", "artifacts", "pieces"]
+            ):
+                self._piece(daemon, parts[2], parts[4])
+            elif (
+                method == "POST"
+                and len(parts) == 4
+                and parts[:2] + parts[3:] == ["v1", "artifacts", "early"]
+            ):
+                self._early_done(daemon, parts[2])
             else:
                 self._json({"error": f"swarm: no such API: {method} {url.path}"}, 404)
         except SwarmError as error:
@@ -149,6 +171,44 @@ class _Handler(BaseHTTPRequestHandler):
             raise UsageError(f"swarm: bad fetch request: {error}") from error
         artifact = daemon.fetch(request)
         self._json(self.server.on_loop(lambda: daemon.describe(artifact).to_json()))
+
+    def _held(self, daemon: Daemon, info_hash: str) -> Artifact:
+        found = self.server.on_loop(lambda: daemon.lookup(info_hash))
+        if found is None:
+            raise NotFoundError("swarm: this daemon holds no such artifact")
+        return found
+
+    def _early_done(self, daemon: Daemon, info_hash: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= MAX_BODY:
+            raise UsageError(f"swarm: bad request: a body of {length} bytes")
+        try:
+            streamed = S3Read.from_json(json.loads(self.rfile.read(length)))
+        except ValueError as error:
+            raise UsageError(f"swarm: bad request: {error}") from error
+        artifact = self._held(daemon, info_hash)
+        artifact.no_more_early()
+        artifact.took_s3_read(streamed)
+        log.info("%s: %.1f MB read by swarm fetch while this daemon started, kept",
+                 artifact.manifest.name, artifact.early_bytes.total / 1e6)  # fmt: skip
+        self._json({})
+
+    def _piece(self, daemon: Daemon, info_hash: str, index_text: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= MAX_PIECE_SIZE:
+            raise UsageError(f"swarm: a piece is 1 to {MAX_PIECE_SIZE} bytes, not {length}")
+        data = self.rfile.read(length)  # read before any answer: the client sends it all
+        artifact = self._held(daemon, info_hash)
+        layout = artifact.manifest.layout
+        if not index_text.isdigit() or int(index_text) >= layout.count:
+            raise UsageError(f"swarm: no piece {index_text!r} in {artifact.manifest.name}")
+        index = int(index_text)
+        if length != layout.length(index):
+            raise UsageError(
+                f"swarm: piece {index} of {artifact.manifest.name} is {layout.length(index)} "
+                f"bytes, not {length}"
+            )
+        self._json({"kept": take_piece(artifact, index, data)})
 
     def _artifact(self, daemon: Daemon, info_hash: str, wait_text: str) -> None:
         found = self.server.on_loop(lambda: daemon.lookup(info_hash))

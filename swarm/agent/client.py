@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from swarm.agent.destlock import DestLock
 from swarm.agent.finisher import copy_verified
@@ -33,6 +33,9 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.messages import FetchRequest
+
+if TYPE_CHECKING:
+    from swarm.agent.earlyread import EarlyRead
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,16 @@ class DaemonClient:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    def call(self, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float = 120.0,
+        data: bytes | bytearray | None = None,
+    ) -> Any:
+        """``method path`` with ``body`` as JSON, or ``data`` as raw bytes (a piece:
+        :mod:`swarm.agent.earlyread`); the JSON answer, or the daemon's error raised."""
         # A GET is asked again once if the connection closed without an answer: seen once
         # in some 25 fleet runs mid-fetch, with the daemon alive; a daemon that died
         # refuses the retry's connection, and that error is reported.
@@ -112,8 +124,13 @@ class DaemonClient:
         for attempt in range(tries):
             conn = UnixHTTPConnection(self.sock, timeout)
             try:
-                payload = json.dumps(body).encode() if body is not None else None
-                conn.request(method, path, body=payload, headers=self.headers)
+                headers = self.headers
+                payload: bytes | bytearray | None = data
+                if data is not None:
+                    headers = {**headers, "Content-Type": "application/octet-stream"}
+                elif body is not None:
+                    payload = json.dumps(body).encode()
+                conn.request(method, path, body=payload, headers=headers)
                 response = conn.getresponse()
                 raw = response.read()
                 break
@@ -129,16 +146,16 @@ class DaemonClient:
             finally:
                 conn.close()
         try:
-            data = json.loads(raw or b"null")
+            answer = json.loads(raw or b"null")
         except ValueError:
-            data = None
-        if not isinstance(data, dict) and response.status != 200:
-            data = {"error": f"swarm: the daemon answered HTTP {response.status}: {raw[:200]!r}"}
+            answer = None
+        if not isinstance(answer, dict) and response.status != 200:
+            answer = {"error": f"swarm: the daemon answered HTTP {response.status}: {raw[:200]!r}"}
         if response.status != 200:
-            refused = SwarmError(data.get("error", f"daemon answered {response.status}"))
-            refused.exit_code = int(data.get("exit_code", 1))
+            refused = SwarmError(answer.get("error", f"daemon answered {response.status}"))
+            refused.exit_code = int(answer.get("exit_code", 1))
             raise refused
-        return data
+        return answer
 
     def _gone(self, error: BaseException) -> DaemonGoneError:
         return DaemonGoneError(
@@ -416,8 +433,11 @@ def fetch_via_daemon(
     *,
     deadline: float | None,
     on_status: Callable[[dict[str, Any]], None],
+    early: EarlyRead | None = None,
 ) -> dict[str, Any]:
-    """Ask the daemon for the artifact and follow its progress until it is at DEST.
+    """Ask the daemon for the artifact and follow its progress until it is at DEST;
+    ``early``: the pieces read for it meanwhile, named in ``request``, handed over once
+    it holds the artifact.
 
     The daemon keeps the data at DEST itself (one copy on disk) unless DEST is a private
     ``--copy`` or the node already holds the artifact elsewhere: then DEST is a copy of
@@ -437,6 +457,8 @@ def fetch_via_daemon(
 
     try:
         status = client.call("POST", "/v1/fetch", request.to_json(), timeout=remaining())
+        if early is not None and request.early and not status["complete"]:
+            early.hand_over(client, status["info_hash"])
         path = f"/v1/artifacts/{status['info_hash']}"
         while not status["complete"]:
             on_status(status)

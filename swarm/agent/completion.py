@@ -233,7 +233,8 @@ def peers_for_nothing(size: int, peers: int, s3_kept: int, udp_kept: int) -> int
 
 def _received(session: TorrentSession, artifact: Artifact) -> str:
     """What the fetch received against the artifact's size, for the completion's log line:
-    S3's bytes as they streamed in, peers' payload (with what an earlier handle counted,
+    S3's bytes as they streamed in (with those ``swarm fetch`` read while the daemon
+    started: ``FetchRequest.s3_read``), peers' payload (with what an earlier handle counted,
     as the status shows it: the verified file is handed to a new one in seed mode). The
     excess over the size came twice or in vain, and is told by source:
 

@@ -44,6 +44,7 @@ from swarm.agent import registry, seedershare, treefs
 from swarm.agent.catchup import CATCH_UP_SETTINGS, CatchUp
 from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
+from swarm.agent.earlyread import EARLY_WAIT
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
@@ -368,6 +369,12 @@ class Daemon:
         artifact.client = client
         artifact.failure = None
         artifact.peers_idle_since = None
+        if request.early:  # read by swarm fetch meanwhile, handed over next
+            artifact.expect_early(request.early, EARLY_WAIT)
+        if request.s3_rtt is not None:  # measured before that read filled the downlink
+            artifact.know_s3_round_trip(request.s3_rtt)
+        if request.s3_read is not None:  # S3's rate to this node, as the reader's own
+            artifact.took_s3_read(request.s3_read)
         handle = artifact.sink.handle
         if "peers" not in artifact.sources:
             # Forced sources only (--source s3 / udp://): libtorrent uploads, never downloads.

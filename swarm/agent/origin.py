@@ -335,9 +335,11 @@ def read_origin(
     last_kind: tuple[BatchKind, bool] | None = None  # logged when it changes
     try:
         while not artifact.complete_on_disk() and not artifact.cancel.is_set():
-            missing = artifact.missing()
+            coming = artifact.coming()  # read by swarm fetch, on their way in
+            missing = [i for i in artifact.missing() if i not in coming]
             if not missing:
-                state.finished.wait(0.25)  # all held: libtorrent is flushing
+                # all held (libtorrent is flushing), or the rest on their way in
+                state.finished.wait(0.05 if coming else 0.25)
                 continue
             repair = artifact.take_repair()
             if repair:  # pieces libtorrent will never keep (swarm.agent.stuck): written here
@@ -377,6 +379,7 @@ def read_origin(
             elif plan is not None:
                 planned = True
                 held = artifact.direct.held() if artifact.direct is not None else state.held
+                held = held | coming if coming else held
                 budget = math.ceil(plan.direct * manifest.layout.count) - artifact.direct_pieces
                 if plan.s3_estimate:
                     # A direct share is kept from peers as a whole while S3 reads it: no

@@ -18,6 +18,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from swarm.agent.rtt import s3_round_trip
 from swarm.agent.store import partial_path
 from swarm.manifest import Manifest
-from swarm.messages import SOURCES, OriginPlan
+from swarm.messages import SOURCES, OriginPlan, S3Read
 
 if TYPE_CHECKING:
     from swarm.agent.catchup import CatchUp
@@ -57,6 +58,11 @@ class BusyClock:
             if self._since is not None:
                 self._total += time.monotonic() - self._since
                 self._since = None
+
+    def add(self, seconds: float) -> None:
+        """Seconds spent before this clock ran (``swarm fetch``'s early GET)."""
+        with self._lock:
+            self._total += seconds
 
     def seconds(self) -> float:
         with self._lock:
@@ -142,6 +148,9 @@ class Artifact:
     s3_overtaken: ByteCount = field(default_factory=ByteCount)
     """Bytes of those read in vain: pieces another source brought while S3 brought them
     (the completion's log line says how much of the excess over the size they are)."""
+    early_bytes: ByteCount = field(default_factory=ByteCount)
+    """Bytes of the pieces ``swarm fetch`` read from S3 while this daemon started and
+    handed over, kept (:mod:`swarm.agent.earlyread`)."""
     _udp_carries_wan_until: float = 0.0
     _s3_rtt: tuple[str | None, float] | None = None
     _s3_rtt_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -149,6 +158,36 @@ class Artifact:
     _tunings_lock: threading.Lock = field(default_factory=threading.Lock)
     _repair: set[int] = field(default_factory=set)
     _repair_lock: threading.Lock = field(default_factory=threading.Lock)
+    _early: dict[int, float] = field(default_factory=dict)
+    _early_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def expect_early(self, pieces: Iterable[int], seconds: float) -> None:
+        """``swarm fetch`` read these pieces from S3 while this daemon started and hands
+        them over next (``PUT .../pieces/N``): the S3 reader leaves them alone until they
+        arrive, or for ``seconds`` at most (a CLI that died meanwhile)."""
+        until = time.monotonic() + seconds
+        count = self.manifest.layout.count
+        with self._early_lock:
+            self._early.update((i, until) for i in pieces if 0 <= i < count)
+
+    def early_arrived(self, index: int) -> None:
+        """The CLI handed piece ``index`` over (kept or not: a refused one is read again)."""
+        with self._early_lock:
+            self._early.pop(index, None)
+
+    def no_more_early(self) -> None:
+        """The CLI handed over all it read (or gave up): none is waited for any more."""
+        with self._early_lock:
+            self._early.clear()
+
+    def coming(self) -> set[int]:
+        """Pieces the CLI is still to hand over (:meth:`expect_early`)."""
+        if not self._early:
+            return set()
+        now = time.monotonic()
+        with self._early_lock:
+            self._early = {i: until for i, until in self._early.items() if until > now}
+            return set(self._early)
 
     def ask_repair(self, pieces: list[int]) -> None:
         """Pieces libtorrent counts as written but never keeps (:mod:`swarm.agent.stuck`):
@@ -171,6 +210,19 @@ class Artifact:
             if rtt is not None:  # S3 refused: asked again next time
                 self._s3_rtt = (endpoint, rtt)
             return rtt
+
+    def took_s3_read(self, read: S3Read) -> None:
+        """``swarm fetch``'s early GET (:mod:`swarm.agent.earlyread`), counted as the S3
+        reader's: its bytes as streamed, its seconds as reading time (what the reports
+        give the coordinator as S3's rate to this node)."""
+        self.s3_streamed.add(read.bytes)
+        self.s3_busy.add(read.seconds)
+
+    def know_s3_round_trip(self, rtt: float) -> None:
+        """S3's round trip as ``swarm fetch`` measured it before its early GET
+        (:mod:`swarm.agent.earlyread`), taken for this fetch's endpoint."""
+        with self._s3_rtt_lock:
+            self._s3_rtt = (getattr(self.client, "endpoint_url", None), rtt)
 
     def leave_s3_to_udp(self, seconds: float | None) -> None:
         """UDP brings (or looks for a holder to bring) what crosses the WAN for at least

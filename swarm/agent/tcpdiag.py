@@ -38,6 +38,9 @@ DIAG_MESSAGE: Final = struct.Struct("=BBBB2s2s16s16s")  # ..., sport, dport, src
 DIAG_MESSAGE_SIZE: Final = 72  # inet_diag_msg: the socket's id, then five u32
 RTATTR: Final = struct.Struct("=HH")
 TCPI_MIN_RTT: Final = struct.Struct("=148xI")  # tcp_info.tcpi_min_rtt (Linux >= 4.6)
+UNMEASURED: Final = 0xFFFFFFFF
+"""``tcpi_min_rtt`` of a connection with no round-trip sample yet (``minmax_reset`` to
+``~0U``: one still connecting, or just connected)."""
 
 RECEIVE_BYTES: Final = 1 << 16
 
@@ -63,8 +66,9 @@ def _messages(sock: socket.socket) -> Iterator[memoryview]:
 
 
 def _min_rtt(attributes: memoryview) -> float | None:
-    """``tcpi_min_rtt`` in seconds from a message's attributes (None without it, or 0:
-    not measured yet)."""
+    """``tcpi_min_rtt`` in seconds from a message's attributes (None without it, or not
+    measured yet: 0, or the kernel's initial ``~0U``, which read as 4295 s once made
+    ``swarm fetch`` take a near S3 for one in another region)."""
     offset = 0
     while offset + RTATTR.size <= len(attributes):
         length, kind = RTATTR.unpack_from(attributes, offset)
@@ -72,7 +76,7 @@ def _min_rtt(attributes: memoryview) -> float | None:
             return None
         if kind == INET_DIAG_INFO and length - RTATTR.size >= TCPI_MIN_RTT.size:
             (micros,) = TCPI_MIN_RTT.unpack_from(attributes, offset + RTATTR.size)
-            return micros / 1e6 if micros else None
+            return micros / 1e6 if 0 < micros < UNMEASURED else None
         offset += _align(length)
     return None
 

@@ -192,6 +192,7 @@ def _fetch_with_daemon(
     coordinator_flag: str | None = None,
 ) -> dict[str, Any]:
     from swarm.agent.client import ManifestPreread, ensure_daemon, fetch_via_daemon
+    from swarm.agent.earlyread import EarlyRead
     from swarm.agent.store import check_dest
     from swarm.fleetauth import fleet_token
     from swarm.messages import SOURCES, FetchRequest
@@ -201,11 +202,14 @@ def _fetch_with_daemon(
     check_dest(dest, directory_ok=True)  # the daemon checks again once it knows the artifact
     token = fleet_token(settings.secret) if settings.secret else None
     preread: list[ManifestPreread] = []
+    early: list[EarlyRead] = []
+    sources = tuple(dict.fromkeys(sources)) or SOURCES
 
     def read_ahead() -> None:  # while the daemon this command starts comes up
-        preread.append(
-            ManifestPreread(source, settings.catalog, settings.endpoint_url, settings.secret)
-        )
+        manifest = ManifestPreread(source, settings.catalog, settings.endpoint_url, settings.secret)
+        preread.append(manifest)
+        if "s3" in sources:
+            early.append(EarlyRead(manifest.result, settings.endpoint_url, settings.secret))
 
     client = ensure_daemon(
         settings.home, listen, settings.coordinator, peers_from_asg, token, read_ahead
@@ -216,16 +220,24 @@ def _fetch_with_daemon(
         copy=copy,
         catalog=settings.catalog,
         endpoint_url=settings.endpoint_url,
-        sources=tuple(dict.fromkeys(sources)) or SOURCES,
+        sources=sources,
         listen=listen,
         coordinator=coordinator_flag,
         peers_from_asg=peers_from_asg,
         manifest=preread[0].result() if preread else None,
+        early=tuple(early[0].stop()) if early else (),
+        s3_rtt=early[0].s3_rtt if early else None,
+        s3_read=early[0].s3_read if early else None,
     )
     progress = DaemonProgress(use_json)
     try:
         status = fetch_via_daemon(
-            client, request, dest, deadline=deadline, on_status=progress.update
+            client,
+            request,
+            dest,
+            deadline=deadline,
+            on_status=progress.update,
+            early=early[0] if early else None,
         )
     finally:
         progress.stop()

@@ -103,6 +103,12 @@ STARVED_SHARE: Final = 0.1
 """A node that received less than this share of its download capacity (its peak) over
 the last report interval is starved: it may widen even under an allocation."""
 
+FIRST_SAMPLE_SECONDS: Final = 0.1
+"""S3 reading seconds a node's first report must carry for its S3 bytes over them to
+count as a sample (:func:`update_rates`): what ``swarm fetch`` read while the daemon
+started (0.2-0.6 s in the fleet benches), counted as it streamed (256 KiB at a time),
+where later samples count whole pieces and need :data:`MIN_PEAK_INTERVAL`."""
+
 MIN_PEAK_INTERVAL: Final = 0.5
 """Seconds a report interval must span for its rates to count as a peak: bytes move in
 whole pieces, and a short interval (a report the reader woke after its batch) shows one
@@ -142,14 +148,21 @@ def update_rates(
     busy = -1.0 if s3_busy is None else s3_busy
     if previous is None:
         peak = up_rate if uploaded is None else 0.0
+        # S3 bytes over reading seconds in a first report: read before the daemon
+        # reported (``swarm fetch``'s GET while its daemon started), a sample already
+        sampled = busy >= FIRST_SAMPLE_SECONDS
+        s3_now = rate(0, counters.get("s3", 0), busy) if sampled else 0.0
         return NodeRates(
             now,
             dict(counters),
             {s: 0.0 for s in counters},
             up_rate,
             peak,
+            down_peak=s3_now,
             uploaded=sent,
             node_at=clock,
+            s3_now=s3_now,
+            s3_peak=s3_now,
             s3_busy=busy,
         )
     dt = now - previous.at

@@ -10,6 +10,7 @@ import pytest
 
 from swarm.coordinator.handlers import plan_origin
 from swarm.coordinator.origin import StripePlanner
+from swarm.coordinator.rates import update_rates
 from swarm.coordinator.reports import parse_report
 
 MiB = 1 << 20
@@ -61,3 +62,23 @@ def test_a_streamed_counter_is_a_non_negative_integer() -> None:
     body["artifacts"][0]["s3_streamed"] = -1  # type: ignore[index]
     with pytest.raises(ValueError, match="s3_streamed"):
         parse_report(body)
+
+
+@pytest.mark.parametrize(
+    ("busy", "sample"),
+    [
+        (0.4, 6 * MiB / 0.4),  # swarm fetch's early GET: 6 MiB in 0.4 s, a sample
+        (0.05, 0.0),  # too short to tell
+        (None, 0.0),  # a node that sends no busy seconds
+    ],
+)
+def test_a_first_report_with_s3_bytes_over_reading_seconds_is_a_sample(
+    busy: float | None, sample: float
+) -> None:
+    first = update_rates(None, {"s3": 6 * MiB, "peers": 0}, 0.0, 10.0, s3_busy=busy)
+    assert first.s3_now == pytest.approx(sample)
+    assert first.s3_peak == pytest.approx(sample)
+    assert first.down_peak == pytest.approx(sample)
+    # the next interval counts from it, as before
+    after = update_rates(first, {"s3": 14 * MiB, "peers": 0}, 0.0, 11.0, s3_busy=(busy or 0) + 1)
+    assert after.s3_now == pytest.approx(8 * MiB)

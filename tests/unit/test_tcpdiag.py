@@ -74,5 +74,7 @@ def test_a_message_without_tcp_info_or_a_measured_rtt_gives_none() -> None:
         tcpdiag._min_rtt(memoryview(attribute(1, b"\0" * 4) + attribute(2, bytes(info)))) == 0.0025
     )
     assert tcpdiag._min_rtt(memoryview(attribute(2, bytes(160)))) is None  # not measured yet
+    struct.pack_into("=I", info, 148, 0xFFFFFFFF)  # the kernel's ~0U: no sample yet either
+    assert tcpdiag._min_rtt(memoryview(attribute(2, bytes(info)))) is None
     assert tcpdiag._min_rtt(memoryview(attribute(2, bytes(100)))) is None  # an old kernel's
     assert tcpdiag._min_rtt(memoryview(b"")) is None

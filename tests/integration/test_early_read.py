@@ -1,0 +1,127 @@
+"""``swarm fetch`` reads pieces from S3 while the daemon it started comes up and hands them
+over (:mod:`swarm.agent.earlyread`): against a real S3 server (moto) and a real daemon,
+through its API as ``swarm fetch`` drives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm.agent.client import DaemonClient, ManifestPreread, fetch_via_daemon
+from swarm.agent.earlyread import EarlyRead
+from swarm.errors import SwarmError
+from swarm.manifest import Manifest
+from swarm.messages import FetchRequest
+from tests.conftest import SIZE
+from tests.swarmnet import Swarm
+
+PIECE = 1 << 20
+HANDED_OVER = "read by swarm fetch while this daemon started, kept"
+
+
+def manifest_text(env: dict[str, str]) -> str:
+    text = ManifestPreread("index.db", env["SWARM_CATALOG"], env["AWS_ENDPOINT_URL"], None).result(
+        10
+    )
+    assert text is not None
+    return text
+
+
+def request(env: dict[str, str], dest: Path, text: str, **fields: object) -> FetchRequest:
+    return FetchRequest(
+        source="index.db",
+        dest=str(dest),
+        catalog=env["SWARM_CATALOG"],
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        manifest=text,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_the_daemon_takes_the_pieces_read_while_it_started(
+    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
+) -> None:
+    node = fleet.node(0)
+    fleet.start_daemon(node, verbose=True)
+    text = manifest_text(env)
+    early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
+    assert early.wait(60)
+    pieces = early.stop()
+    # an eighth of the 24 pieces (MAX_EARLY_SHARE), in the upper half
+    assert len(pieces) == 3 and pieces[0] >= 12 and pieces == list(range(pieces[0], pieces[-1] + 1))
+    assert early.s3_rtt is not None and early.s3_rtt < 0.02  # measured, and near
+    dest = tmp_path / "out" / "index.db"
+    dest.parent.mkdir()
+    client = DaemonClient(node.home)
+    status = fetch_via_daemon(
+        client,
+        request(env, dest, text, early=tuple(pieces), s3_rtt=early.s3_rtt),
+        dest,
+        deadline=60,
+        on_status=lambda _: None,
+        early=early,
+    )
+    assert dest.read_bytes() == artifact.read_bytes()
+    assert status["bytes_by_source"]["s3"] == SIZE
+    log = (node.home / "daemon-started.log").read_text()
+    assert f"index.db: {3 * PIECE / 1e6:.1f} MB {HANDED_OVER}" in log, log[-3000:]
+    # its own reader read the rest, not those (they were named early and handed over)
+    assert "S3 reads: stripe batches (plan), first of 8 pieces with 21 missing" in log, log
+
+
+def test_a_bad_piece_is_refused_and_read_again(
+    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
+) -> None:
+    node = fleet.node(0)
+    fleet.start_daemon(node, verbose=True)
+    text = manifest_text(env)
+    info_hash = Manifest.loads(text.encode()).info_hash
+    client = DaemonClient(node.home)
+    dest = tmp_path / "index.db"
+    status = client.call("POST", "/v1/fetch", request(env, dest, text, early=(5,)).to_json())
+    path = f"/v1/artifacts/{status['info_hash']}"
+    assert status["info_hash"] == info_hash
+    # the right length, the wrong bytes: libtorrent's SHA-1 check refuses it
+    assert client.call("PUT", f"{path}/pieces/5", data=bytes(PIECE)) == {"kept": False}
+    with pytest.raises(SwarmError, match=r"piece 6 of index\.db is 1048576 bytes, not 3"):
+        client.call("PUT", f"{path}/pieces/6", data=b"abc")
+    with pytest.raises(SwarmError, match=r"no piece '24' in index\.db"):
+        client.call("PUT", f"{path}/pieces/24", data=bytes(PIECE))
+    with pytest.raises(SwarmError, match="holds no such artifact"):
+        client.call("PUT", f"/v1/artifacts/{'0' * 40}/pieces/0", data=bytes(PIECE))
+    with pytest.raises(SwarmError, match="an S3 read is"):
+        client.call("POST", f"{path}/early", {"bytes": -1, "seconds": 0.1})
+    client.call("POST", f"{path}/early", {"bytes": 0, "seconds": 0.0})
+    status = client.call("GET", f"{path}?wait=5", timeout=30)
+    for _ in range(10):
+        if status["complete"]:
+            break
+        status = client.call("GET", f"{path}?wait=5", timeout=30)
+    assert status["complete"] and status["hash_failures"] == 1
+    assert dest.read_bytes() == artifact.read_bytes()
+    assert "index.db: 0.0 MB " + HANDED_OVER in (node.home / "daemon-started.log").read_text()
+
+
+def test_pieces_never_handed_over_are_read_by_the_daemon(
+    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
+) -> None:
+    """A CLI that names pieces and dies: the daemon reads them itself once the wait ends.
+    The round trip it was told (500 ms) is the one it goes by."""
+    node = fleet.node(0)
+    fleet.start_daemon(node, verbose=True)
+    text = manifest_text(env)
+    client = DaemonClient(node.home)
+    dest = tmp_path / "index.db"
+    every = tuple(range(SIZE // PIECE))
+    fetch_via_daemon(
+        client,
+        request(env, dest, text, early=every, s3_rtt=0.5),
+        dest,
+        deadline=60,
+        on_status=lambda _: None,
+    )
+    assert dest.read_bytes() == artifact.read_bytes()
+    log = (node.home / "daemon-started.log").read_text()
+    assert "S3 is 500 ms away" in log, log[-3000:]
+    assert HANDED_OVER not in log
