@@ -12,7 +12,7 @@ from swarm.agent.client import DaemonClient, ManifestPreread, fetch_via_daemon
 from swarm.agent.earlyread import EarlyRead
 from swarm.errors import SwarmError
 from swarm.manifest import Manifest
-from swarm.messages import FetchRequest
+from swarm.messages import FetchRequest, S3Read
 from tests.conftest import SIZE
 from tests.swarmnet import Swarm
 
@@ -107,21 +107,25 @@ def test_pieces_never_handed_over_are_read_by_the_daemon(
     fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
 ) -> None:
     """A CLI that names pieces and dies: the daemon reads them itself once the wait ends.
-    The round trip it was told (500 ms) is the one it goes by."""
+    The round trip it was told (500 ms) is the one it goes by, and the fetch began with
+    the CLI's GET (its seconds count in the fetch's: the coordinator's cohort start)."""
     node = fleet.node(0)
     fleet.start_daemon(node, verbose=True)
     text = manifest_text(env)
     client = DaemonClient(node.home)
     dest = tmp_path / "index.db"
     every = tuple(range(SIZE // PIECE))
-    fetch_via_daemon(
+    status = fetch_via_daemon(
         client,
-        request(env, dest, text, early=every, s3_rtt=0.5),
+        request(env, dest, text, early=every, s3_rtt=0.5, s3_read=S3Read(2 * PIECE, 30.0)),
         dest,
         deadline=60,
         on_status=lambda _: None,
     )
     assert dest.read_bytes() == artifact.read_bytes()
+    assert status["seconds"] < 30  # this command's own wait
+    held = client.call("GET", f"/v1/artifacts/{status['info_hash']}")
+    assert held["seconds"] >= 30  # the daemon's: from the CLI's GET
     log = (node.home / "daemon-started.log").read_text()
     assert "S3 is 500 ms away" in log, log[-3000:]
     assert HANDED_OVER not in log
