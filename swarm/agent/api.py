@@ -161,15 +161,19 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("api: %s %s failed", method, url.path)
             self._json({"error": f"swarm: the daemon failed: {error!r}", "exit_code": 1}, 500)
 
-    def _fetch(self, daemon: Daemon) -> None:
+    def _body(self, what: str, parse: Callable[[object], T]) -> T:
+        """The request's JSON body (at most :data:`MAX_BODY`), as ``parse`` takes it; a
+        UsageError naming ``what`` where it is not one."""
         length = int(self.headers.get("Content-Length") or 0)
         if not 0 < length <= MAX_BODY:
-            raise UsageError(f"swarm: bad fetch request: a body of {length} bytes")
+            raise UsageError(f"swarm: bad {what}: a body of {length} bytes")
         try:
-            request = FetchRequest.from_json(json.loads(self.rfile.read(length)))
+            return parse(json.loads(self.rfile.read(length)))
         except ValueError as error:
-            raise UsageError(f"swarm: bad fetch request: {error}") from error
-        artifact = daemon.fetch(request)
+            raise UsageError(f"swarm: bad {what}: {error}") from error
+
+    def _fetch(self, daemon: Daemon) -> None:
+        artifact = daemon.fetch(self._body("fetch request", FetchRequest.from_json))
         self._json(self.server.on_loop(lambda: daemon.describe(artifact).to_json()))
 
     def _held(self, daemon: Daemon, info_hash: str) -> Artifact:
@@ -179,13 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
         return found
 
     def _early_done(self, daemon: Daemon, info_hash: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 < length <= MAX_BODY:
-            raise UsageError(f"swarm: bad request: a body of {length} bytes")
-        try:
-            streamed = S3Read.from_json(json.loads(self.rfile.read(length)))
-        except ValueError as error:
-            raise UsageError(f"swarm: bad request: {error}") from error
+        streamed = self._body("end of an early read", S3Read.from_json)
         artifact = self._held(daemon, info_hash)
         artifact.no_more_early()
         artifact.took_s3_read(streamed)
