@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from swarm.errors import UsageError
 
@@ -67,22 +67,25 @@ def _peer_addr(text: object) -> tuple[str, int] | None:
 
 def _piece_indices(body: dict[str, Any], name: str) -> tuple[int, ...]:
     value = body.get(name) or []
-    if not isinstance(value, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
-    ):
+    if not isinstance(value, list) or not all(_is_count(i) for i in value):
         raise UsageError(f"swarm: bad fetch request: {name} must be piece indices, got {value!r}")
     return tuple(value)
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_seconds(value: object) -> TypeGuard[int | float]:
+    """A duration a node measured: 0 to an hour (NaN and infinities are not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 3600
 
 
 def _optional_seconds(body: dict[str, Any], name: str) -> float | None:
     value = body.get(name)
     if value is None:
         return None
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not 0 <= value < 3600  # NaN fails too
-    ):
+    if not _is_seconds(value):
         raise UsageError(f"swarm: bad fetch request: {name} must be seconds, got {value!r}")
     return float(value)
 
@@ -107,14 +110,7 @@ class S3Read:
     def from_json(cls, body: object) -> S3Read:
         if isinstance(body, dict):
             nbytes, seconds = body.get("bytes"), body.get("seconds")
-            if (
-                isinstance(nbytes, int)
-                and isinstance(seconds, int | float)
-                and not isinstance(nbytes, bool)
-                and not isinstance(seconds, bool)
-                and nbytes >= 0
-                and 0 <= seconds < 3600  # NaN fails too
-            ):
+            if _is_count(nbytes) and _is_seconds(seconds):
                 return cls(nbytes, float(seconds))
         raise UsageError(f"swarm: bad request: an S3 read is {{bytes, seconds}}, got {body!r}")
 

@@ -214,6 +214,8 @@ def _fetch_with_daemon(
     client = ensure_daemon(
         settings.home, listen, settings.coordinator, peers_from_asg, token, read_ahead
     )
+    reader = early[0] if early else None
+    named = reader.stop() if reader is not None else []  # sets s3_read: before the request
     request = FetchRequest(
         source=source,
         dest=str(dest),
@@ -225,9 +227,9 @@ def _fetch_with_daemon(
         coordinator=coordinator_flag,
         peers_from_asg=peers_from_asg,
         manifest=preread[0].result() if preread else None,
-        early=tuple(early[0].stop()) if early else (),
-        s3_rtt=early[0].s3_rtt if early else None,
-        s3_read=early[0].s3_read if early else None,
+        early=tuple(named),
+        s3_rtt=reader.s3_rtt if reader is not None else None,
+        s3_read=reader.s3_read if reader is not None else None,
     )
     progress = DaemonProgress(use_json)
     try:
@@ -237,7 +239,7 @@ def _fetch_with_daemon(
             dest,
             deadline=deadline,
             on_status=progress.update,
-            early=early[0] if early else None,
+            early=reader,
         )
     finally:
         progress.stop()

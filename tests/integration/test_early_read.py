@@ -5,6 +5,7 @@ through its API as ``swarm fetch`` drives it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,12 +40,29 @@ def request(env: dict[str, str], dest: Path, text: str, **fields: object) -> Fet
     )
 
 
-def test_the_daemon_takes_the_pieces_read_while_it_started(
-    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
-) -> None:
+def fetch(
+    client: DaemonClient, request: FetchRequest, dest: Path, early: EarlyRead | None = None
+) -> dict[str, Any]:
+    """``request`` asked of the daemon and followed until DEST is verified, as ``swarm
+    fetch`` does."""
+    return fetch_via_daemon(
+        client, request, dest, deadline=60, on_status=lambda _: None, early=early
+    )
+
+
+@pytest.fixture
+def daemon(fleet: Swarm, env: dict[str, str], artifact: Path) -> tuple[Path, DaemonClient, str]:
+    """A node's daemon (its info lines logged): its home, its client, and the artifact's
+    manifest as ``swarm fetch`` reads it."""
     node = fleet.node(0)
     fleet.start_daemon(node, verbose=True)
-    text = manifest_text(env)
+    return node.home, DaemonClient(node.home), manifest_text(env)
+
+
+def test_the_daemon_takes_the_pieces_read_while_it_started(
+    daemon: tuple[Path, DaemonClient, str], env: dict[str, str], artifact: Path, tmp_path: Path
+) -> None:
+    home, client, text = daemon
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert early.wait(60)
     pieces = early.stop()
@@ -53,31 +71,22 @@ def test_the_daemon_takes_the_pieces_read_while_it_started(
     assert early.s3_rtt is not None and early.s3_rtt < 0.02  # measured, and near
     dest = tmp_path / "out" / "index.db"
     dest.parent.mkdir()
-    client = DaemonClient(node.home)
-    status = fetch_via_daemon(
-        client,
-        request(env, dest, text, early=tuple(pieces), s3_rtt=early.s3_rtt),
-        dest,
-        deadline=60,
-        on_status=lambda _: None,
-        early=early,
+    status = fetch(
+        client, request(env, dest, text, early=tuple(pieces), s3_rtt=early.s3_rtt), dest, early
     )
     assert dest.read_bytes() == artifact.read_bytes()
     assert status["bytes_by_source"]["s3"] == SIZE
-    log = (node.home / "daemon-started.log").read_text()
+    log = (home / "daemon-started.log").read_text()
     assert f"index.db: {3 * PIECE / 1e6:.1f} MB {HANDED_OVER}" in log, log[-3000:]
     # its own reader read the rest, not those (they were named early and handed over)
     assert "S3 reads: stripe batches (plan), first of 8 pieces with 21 missing" in log, log
 
 
 def test_a_bad_piece_is_refused_and_read_again(
-    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
+    daemon: tuple[Path, DaemonClient, str], env: dict[str, str], artifact: Path, tmp_path: Path
 ) -> None:
-    node = fleet.node(0)
-    fleet.start_daemon(node, verbose=True)
-    text = manifest_text(env)
+    home, client, text = daemon
     info_hash = Manifest.loads(text.encode()).info_hash
-    client = DaemonClient(node.home)
     dest = tmp_path / "index.db"
     status = client.call("POST", "/v1/fetch", request(env, dest, text, early=(5,)).to_json())
     path = f"/v1/artifacts/{status['info_hash']}"
@@ -100,32 +109,24 @@ def test_a_bad_piece_is_refused_and_read_again(
         status = client.call("GET", f"{path}?wait=5", timeout=30)
     assert status["complete"] and status["hash_failures"] == 1
     assert dest.read_bytes() == artifact.read_bytes()
-    assert "index.db: 0.0 MB " + HANDED_OVER in (node.home / "daemon-started.log").read_text()
+    assert "index.db: 0.0 MB " + HANDED_OVER in (home / "daemon-started.log").read_text()
 
 
 def test_pieces_never_handed_over_are_read_by_the_daemon(
-    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
+    daemon: tuple[Path, DaemonClient, str], env: dict[str, str], artifact: Path, tmp_path: Path
 ) -> None:
     """A CLI that names pieces and dies: the daemon reads them itself once the wait ends.
     The round trip it was told (500 ms) is the one it goes by, and the fetch began with
     the CLI's GET (its seconds count in the fetch's: the coordinator's cohort start)."""
-    node = fleet.node(0)
-    fleet.start_daemon(node, verbose=True)
-    text = manifest_text(env)
-    client = DaemonClient(node.home)
+    home, client, text = daemon
     dest = tmp_path / "index.db"
     every = tuple(range(SIZE // PIECE))
-    status = fetch_via_daemon(
-        client,
-        request(env, dest, text, early=every, s3_rtt=0.5, s3_read=S3Read(2 * PIECE, 30.0)),
-        dest,
-        deadline=60,
-        on_status=lambda _: None,
-    )
+    read = S3Read(2 * PIECE, 30.0)
+    status = fetch(client, request(env, dest, text, early=every, s3_rtt=0.5, s3_read=read), dest)
     assert dest.read_bytes() == artifact.read_bytes()
     assert status["seconds"] < 30  # this command's own wait
     held = client.call("GET", f"/v1/artifacts/{status['info_hash']}")
     assert held["seconds"] >= 30  # the daemon's: from the CLI's GET
-    log = (node.home / "daemon-started.log").read_text()
+    log = (home / "daemon-started.log").read_text()
     assert "S3 is 500 ms away" in log, log[-3000:]
     assert HANDED_OVER not in log
