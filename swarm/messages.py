@@ -239,6 +239,9 @@ class ArtifactStatus:
     s3_streamed: int | None = None
     """Bytes the S3 reader has received, counted as they stream in, not per piece stored
     (None: it never started)."""
+    s3_early: int | None = None
+    """Bytes of S3's that ``swarm fetch`` read while the daemon started, streamed (part of
+    ``s3_streamed`` and of the pieces in ``bytes_by_source``; None: none)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -151,6 +151,9 @@ class Artifact:
     early_bytes: ByteCount = field(default_factory=ByteCount)
     """Bytes of the pieces ``swarm fetch`` read from S3 while this daemon started and
     handed over, kept (:mod:`swarm.agent.earlyread`)."""
+    early_streamed: ByteCount = field(default_factory=ByteCount)
+    """Bytes of :attr:`s3_streamed` that ``swarm fetch``'s early GET brought (reported:
+    that read was no stripe, and the coordinator tells such a node from a reader)."""
     _udp_carries_wan_until: float = 0.0
     _s3_rtt: tuple[str | None, float] | None = None
     _s3_rtt_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -220,6 +223,7 @@ class Artifact:
         origin-bound fleet went ALL (each piece read by every node: 1.37 F from the origin,
         15.9 s against 12.9)."""
         self.s3_streamed.add(read.bytes)
+        self.early_streamed.add(read.bytes)
         self.s3_busy.add(read.seconds)
         self.started = min(self.started, time.monotonic() - read.seconds)
 

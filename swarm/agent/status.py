@@ -150,4 +150,5 @@ def describe(artifact: Artifact) -> ArtifactStatus:
         mode=artifact.plan.mode if artifact.plan is not None else None,
         s3_busy=round(artifact.s3_busy.seconds(), 3) if s3_task is not None else None,
         s3_streamed=artifact.s3_streamed.total if s3_task is not None else None,
+        s3_early=artifact.early_streamed.total or None,
     )

@@ -300,6 +300,7 @@ def plan_origin(
             uploaded=item.uploaded,
             node_at=item.elapsed,
             s3_busy=item.s3_busy,
+            s3_early=item.s3_early or 0,
         )
         if plan.rates is not None:
             rates.append(plan.rates)

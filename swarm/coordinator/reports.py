@@ -127,6 +127,9 @@ class ArtifactReport:
     """Optional: bytes the node's S3 reader has received so far, counted as they stream
     in (a counter): the S3 counter the rates are measured with, where ``bytes_by_source``
     moves a whole piece at a time."""
+    s3_early: int | None = None
+    """Optional: bytes of the S3 counters that ``swarm fetch`` read while the node's daemon
+    started (:mod:`swarm.agent.earlyread`): S3 bytes, but no stripe."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -318,6 +321,7 @@ def _artifact(value: object, where: str) -> ArtifactReport:
         s3_streamed=None
         if body.get("s3_streamed") is None
         else _nonneg_int(body, "s3_streamed", where),
+        s3_early=None if body.get("s3_early") is None else _nonneg_int(body, "s3_early", where),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from swarm.agent import earlyread
 from swarm.agent.client import DaemonClient, ManifestPreread, fetch_via_daemon
 from swarm.agent.earlyread import EarlyRead
 from swarm.errors import SwarmError
@@ -60,9 +61,14 @@ def daemon(fleet: Swarm, env: dict[str, str], artifact: Path) -> tuple[Path, Dae
 
 
 def test_the_daemon_takes_the_pieces_read_while_it_started(
-    daemon: tuple[Path, DaemonClient, str], env: dict[str, str], artifact: Path, tmp_path: Path
+    daemon: tuple[Path, DaemonClient, str],
+    env: dict[str, str],
+    artifact: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home, client, text = daemon
+    monkeypatch.setattr(earlyread, "MIN_EARLY_SIZE", SIZE)  # (the artifact is a small one)
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert early.wait(60)
     pieces = early.stop()
@@ -80,6 +86,16 @@ def test_the_daemon_takes_the_pieces_read_while_it_started(
     assert f"index.db: {3 * PIECE / 1e6:.1f} MB {HANDED_OVER}" in log, log[-3000:]
     # its own reader read the rest, not those (they were named early and handed over)
     assert "S3 reads: stripe batches (plan), first of 8 pieces with 21 missing" in log, log
+
+
+@pytest.mark.usefixtures("fleet")  # (the catalog it publishes to)
+def test_no_early_read_of_a_small_artifact(env: dict[str, str]) -> None:
+    """Under ``MIN_EARLY_SIZE`` the fleet's first stripes cover the pieces it would read."""
+    assert SIZE < earlyread.MIN_EARLY_SIZE
+    text = manifest_text(env)
+    early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
+    assert early.wait(10)
+    assert early.stop() == [] and early.s3_rtt is None and early.s3_read is None
 
 
 def test_a_bad_piece_is_refused_and_read_again(
@@ -117,7 +133,8 @@ def test_pieces_never_handed_over_are_read_by_the_daemon(
 ) -> None:
     """A CLI that names pieces and dies: the daemon reads them itself once the wait ends.
     The round trip it was told (500 ms) is the one it goes by, and the fetch began with
-    the CLI's GET (its seconds count in the fetch's: the coordinator's cohort start)."""
+    the CLI's GET (its seconds count in the fetch's: the coordinator's cohort start), and
+    its bytes are reported as the early read's."""
     home, client, text = daemon
     dest = tmp_path / "index.db"
     every = tuple(range(SIZE // PIECE))
@@ -127,6 +144,7 @@ def test_pieces_never_handed_over_are_read_by_the_daemon(
     assert status["seconds"] < 30  # this command's own wait
     held = client.call("GET", f"/v1/artifacts/{status['info_hash']}")
     assert held["seconds"] >= 30  # the daemon's: from the CLI's GET
+    assert held["s3_early"] == 2 * PIECE  # reported: S3 bytes that were no stripe
     log = (home / "daemon-started.log").read_text()
     assert "S3 is 500 ms away" in log, log[-3000:]
     assert HANDED_OVER not in log

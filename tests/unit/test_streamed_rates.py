@@ -57,11 +57,14 @@ def test_s3_rates_follow_the_bytes_as_they_streamed(
     assert rates.down_peak == pytest.approx(rate)
 
 
-def test_a_streamed_counter_is_a_non_negative_integer() -> None:
+@pytest.mark.parametrize("counter", ["s3_streamed", "s3_early"])
+def test_a_streamed_counter_is_a_non_negative_integer(counter: str) -> None:
     body = _report(0.0, 0, 0)
-    body["artifacts"][0]["s3_streamed"] = -1  # type: ignore[index]
-    with pytest.raises(ValueError, match="s3_streamed"):
+    body["artifacts"][0][counter] = -1  # type: ignore[index]
+    with pytest.raises(ValueError, match=counter):
         parse_report(body)
+    body["artifacts"][0][counter] = 3 * MiB  # type: ignore[index]
+    assert getattr(parse_report(body).artifacts[0], counter) == 3 * MiB
 
 
 @pytest.mark.parametrize(
