@@ -44,7 +44,7 @@ from swarm.agent import registry, seedershare, treefs
 from swarm.agent.catchup import CATCH_UP_SETTINGS, CatchUp
 from swarm.agent.completion import Completion
 from swarm.agent.destlock import DestLock
-from swarm.agent.earlyread import EARLY_WAIT
+from swarm.agent.earlyread import take_read_ahead
 from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
@@ -250,9 +250,13 @@ class Daemon:
         sources: set[str],
         trust_resume: bool = True,
         verified: bool = False,
+        prepare: Callable[[Artifact], None] = lambda _: None,
     ) -> Artifact:
+        """The artifact held for ``manifest`` (added, or the one already held);
+        ``prepare`` runs on it before the reporter can see it."""
         with self._lock:
             if manifest.info_hash in self.artifacts:
+                prepare(self.artifacts[manifest.info_hash])
                 return self.artifacts[manifest.info_hash]
             data_path.parent.mkdir(parents=True, exist_ok=True)
             identity = registry.save_record(self.home, manifest, data_path, dest, verified)
@@ -269,6 +273,7 @@ class Daemon:
                 set(sources),
                 identity=identity,  # a restored verified file's, as load_record compared it
             )
+            prepare(artifact)
             self.artifacts[manifest.info_hash] = artifact
             self.dropped.pop(manifest.info_hash, None)  # held again: no longer why it went
             return artifact
@@ -358,23 +363,22 @@ class Daemon:
                     lock = None
             data_path = registry.data_path_for(self.home, manifest, dest)
             try:
-                artifact = self._add(manifest, data_path, dest, set(request.sources))
+                artifact = self._add(
+                    manifest, data_path, dest, set(request.sources),
+                    # (its client and what swarm fetch read: see take_read_ahead)
+                    prepare=lambda added: take_read_ahead(added, request, client),
+                )  # fmt: skip
             except BaseException:
                 if lock is not None:
                     lock.release()
                 raise
             artifact.lock = lock
+        else:
+            take_read_ahead(artifact, request, client)
         sources = set(request.sources)
         artifact.sources |= sources
-        artifact.client = client
         artifact.failure = None
         artifact.peers_idle_since = None
-        if request.early:  # read by swarm fetch meanwhile, handed over next
-            artifact.expect_early(request.early, EARLY_WAIT)
-        if request.s3_rtt is not None:  # measured before that read filled the downlink
-            artifact.know_s3_round_trip(request.s3_rtt)
-        if request.s3_read is not None:  # S3's rate to this node, as the reader's own
-            artifact.took_s3_read(request.s3_read)
         handle = artifact.sink.handle
         if "peers" not in artifact.sources:
             # Forced sources only (--source s3 / udp://): libtorrent uploads, never downloads.

@@ -145,6 +145,8 @@ def test_pieces_never_handed_over_are_read_by_the_daemon(
     held = client.call("GET", f"/v1/artifacts/{status['info_hash']}")
     assert held["seconds"] >= 30  # the daemon's: from the CLI's GET
     assert held["s3_early"] == 2 * PIECE  # reported: S3 bytes that were no stripe
+    # and counted as the S3 reader's: its bytes and seconds (the coordinator's S3 rate)
+    assert held["s3_streamed"] >= SIZE + 2 * PIECE and held["s3_busy"] >= 30
     log = (home / "daemon-started.log").read_text()
     assert "S3 is 500 ms away" in log, log[-3000:]
     assert HANDED_OVER not in log
