@@ -245,8 +245,8 @@ def take_read_ahead(artifact: Artifact, request: FetchRequest, client: S3Client)
     before the reporter sees it: its first report then carries what the GET streamed as
     a sample of S3's rate. Taken in a later report, those bytes came within one report
     interval (an S3 peak of 42 MB/s on 31 MB/s links in the s3-fast fleet), S3 never
-    looked as if it fed every link, and that fleet kept to stripes and peers (no ALL;
-    5.8-6.5 s against 5.3-5.4)."""
+    looked as if it fed every link, and that fleet kept to stripes and peers (no ALL:
+    5.7-6.5 s; 5.5-5.7 with these taken first)."""
     artifact.client = client
     if request.early:  # read by swarm fetch meanwhile, handed over next
         artifact.expect_early(request.early, EARLY_WAIT)

@@ -92,10 +92,8 @@ def describe(artifact: Artifact) -> ArtifactStatus:
         have = max(have, artifact.direct.bytes_done)
     s3_task = artifact.tasks.get("s3")
     # S3's counters once anything read it: the S3 reader, or ``swarm fetch`` while this
-    # daemon started (its bytes are in them before the reader's task exists). Left out
-    # until the reader's task, the bytes that GET streamed before the daemon listened
-    # came in one report interval: S3 peaks of 42 MB/s on 31 MB/s links in the s3-fast
-    # fleet, where S3 then never looked as if it fed every link (no ALL; 5.9-6.5 s).
+    # daemon started (in the first report, before the reader's task exists: see
+    # swarm.agent.earlyread.take_read_ahead)
     s3_counted = s3_task is not None or artifact.s3_streamed.total > 0
     udp_errors = [t.detail for n, t in artifact.tasks.items() if n.startswith("udp") and t.detail]
     failure = artifact.failure or (
