@@ -54,7 +54,7 @@ first: :mod:`swarm.coordinator.origin`) reach its upper half before the coordina
 knows of these pieces, and the nodes that read those stripes read them again. CI's
 origin-bound fleet (16 MiB, four nodes, two stripes covering all of it) sent 1.08-1.50 F
 from its 100 Mbit origin, against 1.00 without, and took as long or longer (2.1-6.2 s
-against 2.1-2.6); such a fetch lasts a few seconds and a head start of a few hundred
+against 2.2-2.9); such a fetch lasts a few seconds and a head start of a few hundred
 milliseconds shortens it by little."""
 
 EARLY_WAIT: Final = 3.0

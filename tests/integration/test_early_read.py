@@ -150,3 +150,20 @@ def test_pieces_never_handed_over_are_read_by_the_daemon(
     log = (home / "daemon-started.log").read_text()
     assert "S3 is 500 ms away" in log, log[-3000:]
     assert HANDED_OVER not in log
+
+
+def test_the_early_read_is_in_s3_counters_before_the_s3_reader_runs(
+    daemon: tuple[Path, DaemonClient, str], env: dict[str, str], tmp_path: Path
+) -> None:
+    """What the CLI's GET streamed is in the status (the node's report) from the first
+    one on, whether or not the daemon's S3 reader has started: here it never does (the
+    fetch names peers alone). Left out until that reader's task, the GET's bytes came
+    within one report interval and the coordinator took S3 for faster than the links."""
+    _, client, text = daemon
+    read = S3Read(2 * PIECE, 1.5)
+    fields = {"sources": ("peers",), "s3_read": read}
+    status = client.call(
+        "POST", "/v1/fetch", request(env, tmp_path / "x", text, **fields).to_json()
+    )
+    assert status["s3_streamed"] == 2 * PIECE and status["s3_busy"] == 1.5
+    assert status["s3_early"] == 2 * PIECE
