@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from swarm.agent.earlyread import take_piece
+from swarm.agent.earlyread import ANSWER_WAIT, take_piece
 from swarm.errors import AccessDeniedError, NotFoundError, SwarmError, UsageError
 from swarm.fleetauth import bearer, token_matches
 from swarm.messages import FetchRequest, S3Read
@@ -173,7 +173,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise UsageError(f"swarm: bad {what}: {error}") from error
 
     def _fetch(self, daemon: Daemon) -> None:
-        artifact = daemon.fetch(self._body("fetch request", FetchRequest.from_json))
+        request = self._body("fetch request", FetchRequest.from_json)
+        artifact = daemon.fetch(request)
+        if request.early:  # the CLI reads them meanwhile (swarm.agent.earlyread)
+            artifact.await_s3_reads(ANSWER_WAIT)
         self._json(self.server.on_loop(lambda: daemon.describe(artifact).to_json()))
 
     def _held(self, daemon: Daemon, info_hash: str) -> Artifact:

@@ -457,6 +457,8 @@ def fetch_via_daemon(
 
     try:
         status = client.call("POST", "/v1/fetch", request.to_json(), timeout=remaining())
+        if early is not None:  # the daemon reads S3 itself now
+            early.finish()
         if early is not None and request.early and not status["complete"]:
             early.hand_over(client, status["info_hash"])
         path = f"/v1/artifacts/{status['info_hash']}"

@@ -7,10 +7,11 @@ into the s3-fast fleet (six nodes on two cores) and 1.0 s into the slow-uploads 
 downlink idled for most of a second. ``swarm fetch`` itself is idle meanwhile, with the
 manifest in hand (:class:`~swarm.agent.client.ManifestPreread`): it reads pieces into
 memory with one ranged GET from a random piece on (nodes starting together read
-different pieces), tells the daemon which in its fetch request (``early``: the S3 reader
-leaves them alone), and hands them over once the daemon holds the artifact
-(``PUT /v1/artifacts/IH/pieces/N``, checked by libtorrent's SHA-1 like any S3 piece),
-then says that no more come and what it streamed after its request
+different pieces), names that GET's range in its fetch request (``early``: the S3 reader
+leaves them alone), reads on until the daemon answers (once the fetch has its plan or
+its first S3 GET), hands over what it read (``PUT /v1/artifacts/IH/pieces/N``, checked
+by libtorrent's SHA-1 like any S3 piece), then says that no more come (the rest of the
+range is the daemon's) and what it streamed after its request
 (``POST /v1/artifacts/IH/early``).
 
 Only for a single-file artifact of at least :data:`MIN_EARLY_SIZE`, with S3 among the
@@ -57,13 +58,21 @@ from its 100 Mbit origin, against 1.00 without, and took as long or longer (2.1-
 against 2.2-2.9); such a fetch lasts a few seconds and a head start of a few hundred
 milliseconds shortens it by little."""
 
-EARLY_WAIT: Final = 3.0
-"""Seconds the daemon's S3 reader leaves the pieces named ``early`` alone at most (a CLI
-that died does not hand them over)."""
+ANSWER_WAIT: Final = 1.0
+"""Seconds the daemon's answer to a fetch request that names ``early`` pieces waits at
+most for the fetch's first plan or S3 GET (:meth:`Artifact.await_s3_reads
+<swarm.agent.registry.Artifact.await_s3_reads>`), while the CLI's GET goes on. Stopped
+at the daemon's start instead, that GET left the downlink idle until the daemon's first
+one: 0.2-0.3 s in the s3-fast fleet at full rates (the artifact registered, the
+coordinator asked), where the daemon listened 0.7-1.2 s in."""
 
 LINGER: Final = 2.0
-"""Seconds the CLI reads, after the daemon took the fetch, for the pieces it named
-(within :data:`EARLY_WAIT`); then the rest are dropped and the daemon reads them."""
+"""Seconds the CLI reads, after the daemon answered, for the piece in progress; then it
+is dropped and the daemon reads it."""
+
+EARLY_WAIT: Final = ANSWER_WAIT + LINGER
+"""Seconds the daemon's S3 reader leaves the pieces named ``early`` alone at most (a CLI
+that died does not hand them over)."""
 
 PART: Final = 256 << 10
 """Bytes read at a time, between two looks at whether to drop the piece in progress."""
@@ -71,8 +80,9 @@ PART: Final = 256 << 10
 
 class EarlyRead:
     """Pieces read from S3 in a thread of ``swarm fetch``: started once the manifest
-    is read (``manifest_text`` waits for it), told when the daemon takes the fetch
-    (:meth:`stop`), handed over as they come (:meth:`hand_over`)."""
+    is read (``manifest_text`` waits for it), named in the fetch request (:meth:`claim`),
+    ended by the daemon's answer (:meth:`finish`), handed over as they come
+    (:meth:`hand_over`)."""
 
     def __init__(
         self,
@@ -84,7 +94,7 @@ class EarlyRead:
         self.s3_rtt: float | None = None
         """S3's round trip, measured before the GET (for the fetch request)."""
         self.s3_read: S3Read | None = None
-        """The GET's bytes and seconds until :meth:`stop` (for the fetch request; the rest
+        """The GET's bytes and seconds until :meth:`claim` (for the fetch request; the rest
         is told once handed over)."""
         self._sent_at = 0.0  # when the GET was sent (0: none)
         self._ended_at = 0.0  # when its reading ended (0: not yet)
@@ -101,18 +111,27 @@ class EarlyRead:
             daemon=True,
         ).start()  # fmt: skip
 
-    def stop(self) -> list[int]:
-        """The daemon is up: the pieces read and the one in progress (what the fetch
-        request names ``early``); none after them. Not more: read beside the daemon's
-        first GETs, they halved the S3 rate the coordinator measured there, and it kept
-        the s3-fast fleet on stripes (peers 70% of the bytes) where S3 filled every link."""
+    def claim(self) -> list[int]:
+        """The daemon is up and the fetch request goes now: the pieces it names ``early``,
+        those read and the rest of the GET's range (none if the GET has not begun). The
+        read goes on until the daemon answers the request, which it does once the fetch
+        has its first plan or S3 GET (:data:`ANSWER_WAIT`); then :meth:`finish`."""
         with self._lock:
             self.s3_read = self._tally()
             if self._done or not self._range:
                 self._last = -1
                 return sorted(self._pieces)
-            self._last = min(self._next, self._range.stop - 1)
-            return sorted({*self._pieces, self._last})
+            return sorted({*self._pieces, *range(self._next, self._range.stop)})
+
+    def finish(self) -> None:
+        """The daemon answered the fetch request: the piece in progress is the last, and the
+        rest of the range is the daemon's to read once told (:meth:`hand_over`). Not read
+        beside the daemon's own GETs: these halved the S3 rate the coordinator measured
+        there, and it kept the s3-fast fleet on stripes (peers 70% of the bytes) where S3
+        filled every link."""
+        with self._lock:
+            if self._last is None:
+                self._last = min(self._next, self._range.stop - 1) if self._range else -1
 
     def _tally(self) -> S3Read | None:
         """The GET's bytes and seconds so far (None: no GET)."""

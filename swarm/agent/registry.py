@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from swarm.agent.rtt import s3_round_trip
 from swarm.agent.store import partial_path
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from swarm.agent.finisher import Finisher
     from swarm.agent.hybrid import TorrentSink
     from swarm.agent.supervisor import SourceTask
+
+READS_POLL: Final = 0.01
+"""Seconds between looks at whether a fetch has its plan or S3 GET
+(:meth:`Artifact.await_s3_reads`)."""
 
 
 class BusyClock:
@@ -63,6 +67,9 @@ class BusyClock:
         """Seconds spent before this clock ran (``swarm fetch``'s early GET)."""
         with self._lock:
             self._total += seconds
+
+    def running(self) -> bool:
+        return self._since is not None
 
     def seconds(self) -> float:
         with self._lock:
@@ -226,6 +233,19 @@ class Artifact:
         self.early_streamed.add(read.bytes)
         self.s3_busy.add(read.seconds)
         self.started = min(self.started, time.monotonic() - read.seconds)
+
+    def await_s3_reads(self, timeout: float) -> None:
+        """Return once this fetch has a plan, its S3 reader reads, or it ended, or after
+        ``timeout``: the answer to a request whose CLI reads S3 meanwhile
+        (:data:`swarm.agent.earlyread.ANSWER_WAIT`)."""
+        end = time.monotonic() + timeout
+        while (
+            self.plan is None
+            and not self.s3_busy.running()
+            and self.failure is None
+            and time.monotonic() < end
+        ):
+            self.verified.wait(READS_POLL)
 
     def know_s3_round_trip(self, rtt: float) -> None:
         """S3's round trip as ``swarm fetch`` measured it before its early GET

@@ -215,7 +215,7 @@ def _fetch_with_daemon(
         settings.home, listen, settings.coordinator, peers_from_asg, token, read_ahead
     )
     reader = early[0] if early else None
-    named = reader.stop() if reader is not None else []  # sets s3_read: before the request
+    named = reader.claim() if reader is not None else []  # sets s3_read: before the request
     request = FetchRequest(
         source=source,
         dest=str(dest),

@@ -4,6 +4,7 @@ through its API as ``swarm fetch`` drives it."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from swarm.agent.earlyread import EarlyRead
 from swarm.errors import SwarmError
 from swarm.manifest import Manifest
 from swarm.messages import FetchRequest, S3Read
+from swarm.sources import s3
 from tests.conftest import SIZE
 from tests.swarmnet import Swarm
 
@@ -71,7 +73,7 @@ def test_the_daemon_takes_the_pieces_read_while_it_started(
     monkeypatch.setattr(earlyread, "MIN_EARLY_SIZE", SIZE)  # (the artifact is a small one)
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert early.wait(60)
-    pieces = early.stop()
+    pieces = early.claim()
     # an eighth of the 24 pieces (MAX_EARLY_SHARE), in the upper half
     assert len(pieces) == 3 and pieces[0] >= 12 and pieces == list(range(pieces[0], pieces[-1] + 1))
     assert early.s3_rtt is not None and early.s3_rtt < 0.02  # measured, and near
@@ -88,6 +90,65 @@ def test_the_daemon_takes_the_pieces_read_while_it_started(
     assert "S3 reads: stripe batches (plan), first of 8 pieces with 21 missing" in log, log
 
 
+def test_the_read_goes_on_until_the_daemon_answers(
+    daemon: tuple[Path, DaemonClient, str],
+    env: dict[str, str],
+    artifact: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The request names the GET's whole range while the GET is under way; once the
+    daemon has answered, the piece in progress is the last, and the daemon reads the
+    rest of the range itself. The GET is held (a gate in front of the real reads) after
+    its first part, until the request is answered."""
+    home, client, text = daemon
+    monkeypatch.setattr(earlyread, "MIN_EARLY_SIZE", SIZE)
+    real_read, gate, first = s3.read_exactly, threading.Event(), threading.Event()
+
+    def gated_read(body: Any, view: memoryview, water: Any = None) -> memoryview:
+        if first.is_set():
+            assert gate.wait(30)
+        got = real_read(body, view, water)
+        first.set()
+        return got
+
+    monkeypatch.setattr(s3, "read_exactly", gated_read)
+    early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
+    assert first.wait(30)
+    pieces = early.claim()
+    # the whole range (an eighth of the 24 pieces), the first one still in progress
+    assert len(pieces) == 3 and pieces[0] >= 12 and pieces == list(range(pieces[0], pieces[-1] + 1))
+    assert early.s3_read is not None and 0 < early.s3_read.bytes < PIECE
+    finish = early.finish
+
+    def finish_then_go_on() -> None:  # the GET goes on once told the piece in progress is the last
+        finish()
+        gate.set()
+
+    early.finish = finish_then_go_on  # type: ignore[method-assign]
+    dest = tmp_path / "index.db"
+    status = fetch(client, request(env, dest, text, early=tuple(pieces)), dest, early)
+    assert dest.read_bytes() == artifact.read_bytes()
+    assert status["bytes_by_source"]["s3"] == SIZE
+    log = (home / "daemon-started.log").read_text()
+    # the piece in progress at the answer came from the CLI, the other two from the daemon
+    assert f"index.db: {PIECE / 1e6:.1f} MB {HANDED_OVER}" in log, log[-3000:]
+
+
+def test_the_answer_to_a_request_naming_early_pieces_waits_for_the_plan(
+    daemon: tuple[Path, DaemonClient, str], env: dict[str, str], tmp_path: Path
+) -> None:
+    """The CLI reads S3 until the daemon answers: answered at once, the downlink idled
+    until the daemon's first GET."""
+    _, client, text = daemon
+    fields = {"early": (20, 21, 22)}
+    status = client.call(
+        "POST", "/v1/fetch", request(env, tmp_path / "index.db", text, **fields).to_json()
+    )
+    assert status["mode"] is not None or (status["s3_busy"] or 0) > 0, status
+    client.call("POST", f"/v1/artifacts/{status['info_hash']}/early", {"bytes": 0, "seconds": 0})
+
+
 @pytest.mark.usefixtures("fleet")  # (the catalog it publishes to)
 def test_no_early_read_of_a_small_artifact(env: dict[str, str]) -> None:
     """Under ``MIN_EARLY_SIZE`` the fleet's first stripes cover the pieces it would read."""
@@ -95,7 +156,7 @@ def test_no_early_read_of_a_small_artifact(env: dict[str, str]) -> None:
     text = manifest_text(env)
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert early.wait(10)
-    assert early.stop() == [] and early.s3_rtt is None and early.s3_read is None
+    assert early.claim() == [] and early.s3_rtt is None and early.s3_read is None
 
 
 def test_a_bad_piece_is_refused_and_read_again(
