@@ -117,13 +117,21 @@ class Swarm:
         self.nodes.append(node)
         return node
 
-    def start_daemon(self, node: Node, *args: str, verbose: bool = False) -> subprocess.Popen[Any]:
+    def start_daemon(
+        self, node: Node, *args: str, verbose: bool = False, coordinator: bool = True
+    ) -> subprocess.Popen[Any]:
         """Run ``swarm daemon`` for ``node`` (with ``args``; ``verbose``: its info lines
-        too); return once its API answers (it restores held artifacts before it serves,
-        so they are listed by then). Its output: ``daemon-started.log`` in the home."""
+        too; ``coordinator`` False: none configured); return once its API answers (it
+        restores held artifacts before it serves, so they are listed by then). Its
+        output: ``daemon-started.log`` in the home."""
         log = (node.home / "daemon-started.log").open("ab")
         command = [SWARM, *(["-v"] if verbose else []), "daemon", "--listen", node.ip, *args]
-        process = subprocess.Popen(command, env=node.env, stdout=log, stderr=log)
+        env = (
+            node.env
+            if coordinator
+            else {k: v for k, v in node.env.items() if k != "SWARM_COORDINATOR"}
+        )
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
         log.close()
         self.processes.append(process)
 

@@ -235,17 +235,18 @@ class Artifact:
         self.started = min(self.started, time.monotonic() - read.seconds)
 
     def await_s3_reads(self, timeout: float) -> None:
-        """Return once this fetch has a plan, its S3 reader reads, or it ended, or after
-        ``timeout``: the answer to a request whose CLI reads S3 meanwhile
-        (:data:`swarm.agent.earlyread.ANSWER_WAIT`)."""
+        """Return once this fetch has a plan, its S3 reader reads, or it ended (verified
+        or failed), or after ``timeout``: the answer to a request whose CLI reads S3
+        meanwhile (:data:`swarm.agent.earlyread.ANSWER_WAIT`)."""
         end = time.monotonic() + timeout
         while (
             self.plan is None
             and not self.s3_busy.running()
             and self.failure is None
+            and not self.verified.is_set()
             and time.monotonic() < end
         ):
-            self.verified.wait(READS_POLL)
+            time.sleep(READS_POLL)
 
     def know_s3_round_trip(self, rtt: float) -> None:
         """S3's round trip as ``swarm fetch`` measured it before its early GET

@@ -5,6 +5,7 @@ through its API as ``swarm fetch`` drives it."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,21 @@ def test_the_answer_to_a_request_naming_early_pieces_waits_for_the_plan(
     )
     assert status["mode"] is not None or (status["s3_busy"] or 0) > 0, status
     client.call("POST", f"/v1/artifacts/{status['info_hash']}/early", {"bytes": 0, "seconds": 0})
+
+
+def test_a_held_artifact_is_answered_at_once(
+    fleet: Swarm, env: dict[str, str], artifact: Path, tmp_path: Path
+) -> None:
+    """A request naming early pieces for an artifact the daemon holds verified: no plan
+    or S3 GET comes for it (here no coordinator), and the answer does not wait for one."""
+    node = fleet.node(0)
+    fleet.start_daemon(node, coordinator=False)
+    client, text = DaemonClient(node.home), manifest_text(env)
+    dest = tmp_path / "index.db"
+    fetch(client, request(env, dest, text), dest)
+    started = time.monotonic()
+    status = client.call("POST", "/v1/fetch", request(env, dest, text, early=(20,)).to_json())
+    assert status["complete"] and time.monotonic() - started < earlyread.ANSWER_WAIT / 2
 
 
 @pytest.mark.usefixtures("fleet")  # (the catalog it publishes to)
