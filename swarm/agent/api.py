@@ -1,7 +1,9 @@
 """The daemon's local API: HTTP over ``$SWARM_HOME/daemon.sock`` (mode 0600).
 
     GET  /v1/health               {"node", "pid", "listen", "coordinator", "peers_from_asg"}
-    POST /v1/fetch                a :class:`~swarm.messages.FetchRequest` -> status
+    POST /v1/fetch                a :class:`~swarm.messages.FetchRequest` -> status (one
+                                  naming ``early`` pieces once the fetch has its plan
+                                  or S3 GET: :data:`~swarm.agent.earlyread.ANSWER_WAIT`)
     GET  /v1/artifacts            every artifact held (the node's report)
     PUT  /v1/artifacts/IH/pieces/N  a piece ``swarm fetch`` read while this daemon
                                   started (:mod:`swarm.agent.earlyread`) -> {"kept"}

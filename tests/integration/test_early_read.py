@@ -54,6 +54,12 @@ def fetch(
     )
 
 
+def assert_the_range(pieces: list[int]) -> None:
+    """The early GET's range: an eighth of the 24 pieces (MAX_EARLY_SHARE), in a row, in
+    the upper half."""
+    assert len(pieces) == 3 and pieces[0] >= 12 and pieces == list(range(pieces[0], pieces[-1] + 1))
+
+
 @pytest.fixture
 def daemon(fleet: Swarm, env: dict[str, str], artifact: Path) -> tuple[Path, DaemonClient, str]:
     """A node's daemon (its info lines logged): its home, its client, and the artifact's
@@ -75,8 +81,7 @@ def test_the_daemon_takes_the_pieces_read_while_it_started(
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert early.wait(60)
     pieces = early.claim()
-    # an eighth of the 24 pieces (MAX_EARLY_SHARE), in the upper half
-    assert len(pieces) == 3 and pieces[0] >= 12 and pieces == list(range(pieces[0], pieces[-1] + 1))
+    assert_the_range(pieces)
     assert early.s3_rtt is not None and early.s3_rtt < 0.02  # measured, and near
     dest = tmp_path / "out" / "index.db"
     dest.parent.mkdir()
@@ -117,8 +122,7 @@ def test_the_read_goes_on_until_the_daemon_answers(
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert first.wait(30)
     pieces = early.claim()
-    # the whole range (an eighth of the 24 pieces), the first one still in progress
-    assert len(pieces) == 3 and pieces[0] >= 12 and pieces == list(range(pieces[0], pieces[-1] + 1))
+    assert_the_range(pieces)  # the whole of it, its first piece still in progress
     assert early.s3_read is not None and 0 < early.s3_read.bytes < PIECE
     finish = early.finish
 
