@@ -457,10 +457,10 @@ def fetch_via_daemon(
 
     try:
         status = client.call("POST", "/v1/fetch", request.to_json(), timeout=remaining())
-        if early is not None:  # the daemon reads S3 itself now
-            early.finish()
-        if early is not None and request.early and not status["complete"]:
-            early.hand_over(client, status["info_hash"])
+        if early is not None:
+            early.finish()  # the daemon reads S3 itself now
+            if request.early and not status["complete"]:
+                early.hand_over(client, status["info_hash"])
         path = f"/v1/artifacts/{status['info_hash']}"
         while not status["complete"]:
             on_status(status)

@@ -63,7 +63,7 @@ ANSWER_WAIT: Final = 1.0
 most for the fetch's first plan or S3 GET (:meth:`Artifact.await_s3_reads
 <swarm.agent.registry.Artifact.await_s3_reads>`), while the CLI's GET goes on. Stopped
 at the daemon's start instead, that GET left the downlink idle until the daemon's first
-one: 0.2-0.3 s in the s3-fast fleet at full rates (the artifact registered, the
+one: 0.1-0.3 s in the s3-fast fleet at full rates (the artifact registered, the
 coordinator asked), where the daemon listened 0.7-1.2 s in."""
 
 LINGER: Final = 2.0

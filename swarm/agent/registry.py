@@ -69,7 +69,9 @@ class BusyClock:
             self._total += seconds
 
     def running(self) -> bool:
-        return self._since is not None
+        """Whether an activity is under way now."""
+        with self._lock:
+            return self._since is not None
 
     def seconds(self) -> float:
         with self._lock:
