@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from swarm import catalog as catalogs  # before the fork: see swarm.agent.earlyread's imports
 from swarm.agent.destlock import DestLock
 from swarm.agent.finisher import copy_verified
 from swarm.errors import (
@@ -33,6 +34,7 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.messages import FetchRequest
+from swarm.s3http import S3Client
 
 if TYPE_CHECKING:
     from swarm.agent.earlyread import EarlyRead
@@ -315,9 +317,6 @@ class ManifestPreread:
     def _read_once(
         source: str, catalog: str | None, endpoint_url: str | None, secret: str | None
     ) -> str | None:
-        from swarm import catalog as catalogs
-        from swarm.s3http import S3Client
-
         try:
             client = S3Client(endpoint_url, max_attempts=1)
             try:

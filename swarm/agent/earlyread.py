@@ -29,13 +29,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+# At the top, not in the reading thread: ``swarm fetch`` imports this module before it
+# forks its daemon, which needs the same modules for its own S3 reads; imported after
+# the fork, each process loaded them (~12 ms of a daemon's start on this machine)
+from swarm.agent.rtt import s3_round_trip
+from swarm.agent.udpchoice import s3_far
+from swarm.manifest import Manifest
 from swarm.messages import FetchRequest, S3Read
+from swarm.s3http import S3Client
+from swarm.sources.s3 import read_exactly
 
 if TYPE_CHECKING:
     from swarm.agent.client import DaemonClient
     from swarm.agent.registry import Artifact
-    from swarm.manifest import Manifest
-    from swarm.s3http import S3Client
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +191,6 @@ class EarlyRead:
             text = manifest_text()
             if text is None or self._last is not None:
                 return
-            from swarm.manifest import Manifest
-
             manifest = Manifest.loads(text.encode(), secret, origin="the manifest read ahead")
             if not manifest.is_tree and manifest.size >= MIN_EARLY_SIZE:
                 self._read(manifest, endpoint_url)
@@ -198,11 +202,6 @@ class EarlyRead:
                 self._changed.notify_all()
 
     def _read(self, manifest: Manifest, endpoint_url: str | None) -> None:
-        from swarm.agent.rtt import s3_round_trip
-        from swarm.agent.udpchoice import s3_far
-        from swarm.s3http import S3Client
-        from swarm.sources.s3 import read_exactly
-
         layout = manifest.layout
         most = min(MAX_EARLY_BYTES // layout.piece_size, layout.count // MAX_EARLY_SHARE)
         count = max(1, most)

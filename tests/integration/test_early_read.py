@@ -17,7 +17,6 @@ from swarm.agent.earlyread import EarlyRead
 from swarm.errors import SwarmError
 from swarm.manifest import Manifest
 from swarm.messages import FetchRequest, S3Read
-from swarm.sources import s3
 from tests.conftest import SIZE
 from tests.swarmnet import Swarm
 
@@ -109,7 +108,7 @@ def test_the_read_goes_on_until_the_daemon_answers(
     its first part, until the request is answered."""
     home, client, text = daemon
     monkeypatch.setattr(earlyread, "MIN_EARLY_SIZE", SIZE)
-    real_read, gate, first = s3.read_exactly, threading.Event(), threading.Event()
+    real_read, gate, first = earlyread.read_exactly, threading.Event(), threading.Event()
 
     def gated_read(body: Any, view: memoryview, water: Any = None) -> memoryview:
         if first.is_set():
@@ -118,7 +117,7 @@ def test_the_read_goes_on_until_the_daemon_answers(
         first.set()
         return got
 
-    monkeypatch.setattr(s3, "read_exactly", gated_read)
+    monkeypatch.setattr(earlyread, "read_exactly", gated_read)
     early = EarlyRead(lambda: text, env["AWS_ENDPOINT_URL"], None)
     assert first.wait(30)
     pieces = early.claim()
