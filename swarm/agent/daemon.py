@@ -5,9 +5,10 @@ the background when none answers on ``$SWARM_HOME/daemon.sock``. The daemon keep
 seeding whatever it holds: that is how existing instances seed new ones.
 
 Its roles, a module each: the artifact registry (:mod:`.registry`), sources as
-supervised tasks (:mod:`.supervisor`, with the S3 reader :mod:`.origin` and the UDP
-source :mod:`.udpsource`), the whole-file hash and DEST (:mod:`.finisher`, run for each
-artifact by :mod:`.completion`), status (:mod:`.status`), the local API (:mod:`.api`),
+supervised tasks (:mod:`.sourcetasks`, :mod:`.supervisor`, with the S3 reader
+:mod:`.origin` and the UDP sources :mod:`.udpauto` and :mod:`.udpsource`), the
+whole-file hash and DEST (:mod:`.finisher`, run for each artifact by
+:mod:`.completion`), status (:mod:`.status`), the local API (:mod:`.api`),
 the reporter (:mod:`.reporter`), the peer filter kept to the fleet's members
 (:mod:`.membership`), what the UDP server sees of the pieces held (:mod:`.held`) and the
 process (:mod:`.serve`).
@@ -49,29 +50,23 @@ from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
 from swarm.agent.membership import Membership
-from swarm.agent.origin import PLAN_TTL, read_origin
+from swarm.agent.origin import PLAN_TTL
 from swarm.agent.pieceserver import pieces_port
 from swarm.agent.registry import Artifact
+from swarm.agent.sourcetasks import AUTO_UDP, start_source
 from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
-from swarm.agent.supervisor import SourceTask
-from swarm.agent.udpauto import auto_udp
-from swarm.agent.udpsource import read_udp
 from swarm.config import Settings, coordinator_urls
 from swarm.errors import DestBusyError, NoSpaceError, SwarmError, UsageError
 from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
-from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan, parse_udp_source
+from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan
 from swarm.s3http import S3Client
 from swarm.sources import peertrace
 from swarm.sources.ltsettings import AMONG_SEEDERS_SETTINGS, DEFAULT_PORT
 from swarm.sources.peers import TorrentSession
 
 log = logging.getLogger(__name__)
-
-AUTO_UDP = "udp-auto"
-"""The task name of the automatic UDP source (:mod:`.udpauto`), beside ``s3`` and
-``udp://HOST:PORT``."""
 
 DAEMON_S3_ATTEMPTS = 3
 """The S3 client's own tries per call in the daemon: its retries are silent (eight of them
@@ -182,7 +177,7 @@ class Daemon:
             self.home,
             self.trackers,
             lambda: self.extra_peers,
-            self._start_source,
+            functools.partial(start_source, self),
             lambda: self.wake_reporter(),
         )
 
@@ -387,10 +382,10 @@ class Daemon:
             handle.unset_flags(lt.torrent_flags.upload_mode)
         if not artifact.sink.complete():
             for name in sorted(sources - {"peers"}):
-                self._start_source(artifact, name)
+                start_source(self, artifact, name)
             forced_udp = any(s.startswith("udp://") for s in artifact.sources)
             if "peers" in artifact.sources and self.udp_port and not forced_udp:
-                self._start_source(artifact, AUTO_UDP)
+                start_source(self, artifact, AUTO_UDP)
         self.completion.start(artifact)
         return artifact
 
@@ -401,53 +396,6 @@ class Daemon:
             "name": manifest.name,
             "info_hash": manifest.info_hash,
         }
-
-    def _start_source(self, artifact: Artifact, name: str) -> None:
-        task = artifact.tasks.get(name)
-        if task is not None and task.alive:
-            return
-        body: Callable[[], None]
-        if name == "s3":
-
-            def note(reason: str | None) -> None:
-                task = artifact.tasks.get("s3")
-                if task is not None:
-                    task.detail = reason
-
-            def body() -> None:
-                read_origin(
-                    self.session,
-                    artifact,
-                    self.node_id,
-                    bool(self.trackers),
-                    self.wake_reporter,
-                    note,
-                    expect_peers=bool(self.trackers or self.extra_peers or self.asg_groups),
-                )
-
-            def progress() -> int:
-                return artifact.sink.bytes_by_source.get("s3", 0)
-        elif name == AUTO_UDP:
-            assert self.udp_secret is not None
-            udp_port, key = self.udp_port, self.udp_secret
-
-            def body() -> None:
-                auto_udp(self.session, artifact, self.node_id, self.listen_ip, udp_port, key)
-
-            def progress() -> int:
-                return artifact.sink.bytes_by_source.get("udp", 0)
-        else:
-            host, port = parse_udp_source(name)
-            secret = self.udp_secret
-            assert secret is not None
-
-            def body() -> None:
-                read_udp(self.session, artifact, host, port, secret)
-
-            def progress() -> int:
-                return artifact.sink.bytes_by_source.get("udp", 0)
-
-        artifact.tasks[name] = SourceTask(name, body, artifact.cancel, progress).start()
 
     def watch(self) -> None:
         """Stop seeding what is no longer on disk as verified: a file deleted or
