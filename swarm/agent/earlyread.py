@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 # At the top, not in the reading thread: ``swarm fetch`` imports this module before it
 # forks its daemon, which needs the same modules for its own S3 reads; imported after
-# the fork, each process loaded them (~12 ms of a daemon's start on this machine)
+# the fork, each process loaded them (11.5 ms of a daemon's imports here, -X importtime)
 from swarm.agent.rtt import s3_round_trip
 from swarm.agent.udpchoice import s3_far
 from swarm.manifest import Manifest
