@@ -456,6 +456,7 @@ class TorrentSession:
             if self.trace_peers and now - last_trace >= peertrace.TRACE_INTERVAL:
                 last_trace = now
                 self._trace()
+                self.session.post_session_stats()  # its alert: the trace's waste line
             if not self.session.wait_for_alert(ALERT_WAIT_MS):
                 continue
             for alert in self.session.pop_alerts():
@@ -476,6 +477,9 @@ class TorrentSession:
             peertrace.log.info("trace %s: %s", state.info_hash[:8], line)
 
     def _dispatch(self, alert: Any) -> None:
+        if isinstance(alert, lt.session_stats_alert):  # asked for by the peers trace only
+            peertrace.log.info("session: %s", peertrace.describe_waste(alert.values))
+            return
         if isinstance(alert, lt.state_update_alert):
             for status in alert.status:
                 state = self._state_of(status.handle)
