@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from types import FrameType
 
-from swarm.lab.fleet import log, run_fleet
+from swarm.lab.fleet import LAB_ENV_NAMES, log, run_fleet
 from swarm.lab.fleetdata import (
     TARGET_BOUND,
     FleetConfig,
@@ -284,6 +284,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         "(rates, request queues, chokes: swarm.sources.peertrace) into its daemon.log",
     )
     parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set NAME on every process the run starts (nodes, seeders, coordinator), on "
+        "top of the lab's environment, which drops this shell's SWARM_*, AWS_*, S3_* and "
+        "MINIO_* variables and proxies: a setting a change under test reads (repeatable)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -300,6 +309,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         parser.error("--keep keeps one run's work directory: use it without --repeat")
     if args.trace_peers and not args.keep:
         parser.error("--trace-peers writes into the node logs: add --keep to keep them")
+    args.extra_env = {}
+    for item in args.env:
+        name, equals, value = item.partition("=")
+        if not equals or not name.isidentifier():
+            parser.error(f"--env {item!r}: give NAME=VALUE")
+        if name in LAB_ENV_NAMES:
+            parser.error(f"--env {name}: the lab sets it itself (the origin's S3, the fleet)")
+        args.extra_env[name] = value
     if args.tcp_cc and args.tcp_cc not in available_tcp_cc():
         parser.error(f"--tcp-cc {args.tcp_cc}: this kernel has {' '.join(available_tcp_cc())}")
     flags = {key: getattr(args, key, None) for key in DEFAULTS}
@@ -332,6 +349,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
 
 def main(argv: list[str] | None = None) -> int:
     config, args = parse_args(argv)
+    if args.extra_env:
+        settings = " ".join(f"{name}={value}" for name, value in args.extra_env.items())
+        log(f"every process of the run gets {settings}")
     try:
         if config.s3 == "minio":
             build_minio(log)
@@ -344,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
                     names = ", ".join(each.name for each in order)
                     log(f"round {round_no + 1} of {args.repeat}: {names}")
                 results, failures = run_fleet(
-                    config, order, keep=args.keep, trace_peers=args.trace_peers
+                    config,
+                    order,
+                    keep=args.keep,
+                    trace_peers=args.trace_peers,
+                    extra_env=args.extra_env,
                 )
                 results.sort(key=lambda r: args.systems.index(r.system))  # as asked
                 rounds.append((results, failures))

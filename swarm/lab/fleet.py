@@ -33,9 +33,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from swarm.lab.coordinator import Coordinator
 from swarm.lab.fleetdata import FleetConfig, NodeResult, SystemResult
@@ -123,6 +123,29 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+def lab_env(s3_url: str, work: Path) -> dict[str, str]:
+    """What the lab itself sets on every process of a run, on top of :func:`clean_env`:
+    the origin's S3 server and its credentials, the catalog, no config file, the fleet's
+    secret. A run's ``extra_env`` may not name these."""
+    return {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_url,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "SWARM_CATALOG": CATALOG,
+        "SWARM_CONFIG": str(work / "no-swarm.toml"),
+        # a fleet's secret, as in production: authenticated reports, signed manifests,
+        # and each daemon's UDP server (what far nodes pull from when TCP is slow)
+        "SWARM_SECRET": FLEET_SECRET,
+    }
+
+
+LAB_ENV_NAMES: Final = frozenset(lab_env("", Path()))
+
+
 # -- the fleet ----------------------------------------------------------------------------
 
 
@@ -140,9 +163,16 @@ class Fleet:
         work: Path,
         keep: bool = False,
         trace_peers: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         """``trace_peers``: every swarm daemon logs its peers once a second
-        (:mod:`swarm.sources.peertrace`), into the node logs ``keep`` leaves."""
+        (:mod:`swarm.sources.peertrace`), into the node logs ``keep`` leaves.
+        ``extra_env``: set on every process of the run (nodes, seeders, coordinator, S3
+        server) on top of the lab's environment, which drops the caller's ``SWARM_*`` and
+        ``AWS_*`` (:func:`clean_env`); not any of :data:`LAB_ENV_NAMES` (ValueError)."""
+        clash = sorted(LAB_ENV_NAMES & set(extra_env or {}))
+        if clash:
+            raise ValueError(f"the lab sets {', '.join(clash)} itself")
         self.config = config
         self.keep = keep  # leave each system's node logs and files in ``work``
         self.lab = lab
@@ -169,21 +199,7 @@ class Fleet:
         self.torrent = work / "artifact.torrent"
         self.source = work / "source" / NAME
         s3_url = f"http://{self.origin.ip}:{S3_PORT}"
-        self.env = {
-            **clean_env(),
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": s3_url,
-            "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-            "SWARM_CATALOG": CATALOG,
-            "SWARM_CONFIG": str(work / "no-swarm.toml"),
-            # a fleet's secret, as in production: authenticated reports, signed manifests,
-            # and each daemon's UDP server (what far nodes pull from when TCP is slow)
-            "SWARM_SECRET": FLEET_SECRET,
-        }
+        self.env = {**clean_env(), **lab_env(s3_url, work), **(extra_env or {})}
         if trace_peers:
             self.env[TRACE_ENV] = "1"
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
@@ -380,15 +396,19 @@ class Fleet:
 
 @contextlib.contextmanager
 def started_fleet(
-    config: FleetConfig, keep: bool = False, lab_name: str = "fl", trace_peers: bool = False
+    config: FleetConfig,
+    keep: bool = False,
+    lab_name: str = "fl",
+    trace_peers: bool = False,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Fleet]:
     """A fleet in a fresh work directory and lab, its origin started and the artifact
     published; the directory goes on exit unless ``keep`` (the bench's and the tests'
-    one way to set a fleet up). ``trace_peers``: see :class:`Fleet`."""
+    one way to set a fleet up). ``trace_peers``, ``extra_env``: see :class:`Fleet`."""
     work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
     try:
         with Lab(lab_name, tcp_cc=config.tcp_cc) as lab:
-            fleet = Fleet(config, lab, work, keep, trace_peers)
+            fleet = Fleet(config, lab, work, keep, trace_peers, extra_env)
             fleet.start_origin()
             yield fleet
     finally:
@@ -414,11 +434,12 @@ def run_fleet(
     systems: Sequence[System | str],
     keep: bool = False,
     trace_peers: bool = False,
+    extra_env: Mapping[str, str] | None = None,
 ) -> tuple[list[SystemResult], dict[str, str]]:
     """Run ``systems`` (or the systems so named) one after the other; returns their
     results and, per system that failed (a timeout, a client error, a wrong file), why. A
     failed system does not stop the others; the setup failing does (FleetError).
-    ``trace_peers``: see :class:`Fleet`."""
+    ``trace_peers``, ``extra_env``: see :class:`Fleet`."""
     reason = lab_unavailable()
     if reason:
         raise FleetError(f"cannot build the network lab: {reason}")
@@ -430,7 +451,7 @@ def run_fleet(
     compile_swarm()
     results: list[SystemResult] = []
     failures: dict[str, str] = {}
-    with started_fleet(config, keep=keep, trace_peers=trace_peers) as fleet:
+    with started_fleet(config, keep=keep, trace_peers=trace_peers, extra_env=extra_env) as fleet:
         for each in chosen:
             log(f"{each.name}: {config.nodes} nodes, {config.seeders} seeders")
             try:
