@@ -58,8 +58,8 @@ piece first, and the peer had sent the block already); ``end_game``: a block ano
 peer had already sent while the piece was still downloading (end game's duplicate
 requests); ``seed``: blocks that came once the node held everything. Session 56 read so
 what the swarm-bound fleet's redundant bytes at full rates are: 25-65 MB a run (eight
-nodes, 16 runs), 77-93% of them ``unknown``, more where the nodes read more from S3
-(29 MB with the origin at 1.9 F, 61-65 MB at 3.2-3.4 F), a node's last second among
+nodes, fourteen runs), 73-95% of them ``unknown``, more where the nodes read more from
+S3 (29 MB with the origin at 1.9 F, 61-65 MB at 3.2-3.4 F), a node's last second among
 them; ``end_game`` 2-4 MB."""
 
 
