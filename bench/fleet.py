@@ -75,6 +75,7 @@ from swarm.lab.scenarios import DEFAULTS, SCENARIOS, scenario
 from swarm.lab.systems import DEFAULT_SYSTEMS, SYSTEMS, base_name
 from swarm.lab.systems import system as named_system
 from swarm.pieces import parse_size
+from swarm.sources.peertrace import TRACE_ENV
 
 
 def name_width(names: list[str]) -> int:
@@ -317,6 +318,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[FleetConfig, argparse.Nam
         if name in LAB_ENV_NAMES:
             parser.error(f"--env {name}: the lab sets it itself (the origin's S3, the fleet)")
         args.extra_env[name] = value
+    if args.trace_peers:
+        args.extra_env[TRACE_ENV] = "1"
     if args.tcp_cc and args.tcp_cc not in available_tcp_cc():
         parser.error(f"--tcp-cc {args.tcp_cc}: this kernel has {' '.join(available_tcp_cc())}")
     flags = {key: getattr(args, key, None) for key in DEFAULTS}
@@ -367,7 +370,6 @@ def main(argv: list[str] | None = None) -> int:
                     config,
                     order,
                     keep=args.keep,
-                    trace_peers=args.trace_peers,
                     extra_env=args.extra_env,
                 )
                 results.sort(key=lambda r: args.systems.index(r.system))  # as asked

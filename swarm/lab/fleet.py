@@ -47,7 +47,6 @@ from swarm.lab.s3 import S3Error, S3Server, publish
 from swarm.lab.systems import SEEDER_TIMEOUT, System, base_name, system
 from swarm.lab.wan import Shape, Wan, split_regions
 from swarm.pieces import file_sha256, write_random_file
-from swarm.sources.peertrace import TRACE_ENV
 
 S3_PORT = 9000
 BUCKET = "fleet"
@@ -162,14 +161,13 @@ class Fleet:
         lab: Lab,
         work: Path,
         keep: bool = False,
-        trace_peers: bool = False,
         extra_env: Mapping[str, str] | None = None,
     ) -> None:
-        """``trace_peers``: every swarm daemon logs its peers once a second
-        (:mod:`swarm.sources.peertrace`), into the node logs ``keep`` leaves.
-        ``extra_env``: set on every process of the run (nodes, seeders, coordinator, S3
+        """``extra_env``: set on every process of the run (nodes, seeders, coordinator, S3
         server) on top of the lab's environment, which drops the caller's ``SWARM_*`` and
-        ``AWS_*`` (:func:`clean_env`); not any of :data:`LAB_ENV_NAMES` (ValueError)."""
+        ``AWS_*`` (:func:`clean_env`); not any of :data:`LAB_ENV_NAMES` (ValueError). The
+        peers trace is one (``SWARM_TRACE_PEERS=1``, :mod:`swarm.sources.peertrace`: every
+        swarm daemon logs its peers once a second into the node logs ``keep`` leaves)."""
         clash = sorted(LAB_ENV_NAMES & set(extra_env or {}))
         if clash:
             raise ValueError(f"the lab sets {', '.join(clash)} itself")
@@ -200,8 +198,6 @@ class Fleet:
         self.source = work / "source" / NAME
         s3_url = f"http://{self.origin.ip}:{S3_PORT}"
         self.env = {**clean_env(), **lab_env(s3_url, work), **(extra_env or {})}
-        if trace_peers:
-            self.env[TRACE_ENV] = "1"
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
         # kept runs log each allocation's inputs (the capacity book's debug lines)
         self.coordinator = Coordinator(
@@ -399,16 +395,15 @@ def started_fleet(
     config: FleetConfig,
     keep: bool = False,
     lab_name: str = "fl",
-    trace_peers: bool = False,
     extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Fleet]:
     """A fleet in a fresh work directory and lab, its origin started and the artifact
     published; the directory goes on exit unless ``keep`` (the bench's and the tests'
-    one way to set a fleet up). ``trace_peers``, ``extra_env``: see :class:`Fleet`."""
+    one way to set a fleet up). ``extra_env``: see :class:`Fleet`."""
     work = Path(tempfile.mkdtemp(prefix="swarm-fleet-"))
     try:
         with Lab(lab_name, tcp_cc=config.tcp_cc) as lab:
-            fleet = Fleet(config, lab, work, keep, trace_peers, extra_env)
+            fleet = Fleet(config, lab, work, keep, extra_env)
             fleet.start_origin()
             yield fleet
     finally:
@@ -433,13 +428,12 @@ def run_fleet(
     config: FleetConfig,
     systems: Sequence[System | str],
     keep: bool = False,
-    trace_peers: bool = False,
     extra_env: Mapping[str, str] | None = None,
 ) -> tuple[list[SystemResult], dict[str, str]]:
     """Run ``systems`` (or the systems so named) one after the other; returns their
     results and, per system that failed (a timeout, a client error, a wrong file), why. A
     failed system does not stop the others; the setup failing does (FleetError).
-    ``trace_peers``, ``extra_env``: see :class:`Fleet`."""
+    ``extra_env``: see :class:`Fleet`."""
     reason = lab_unavailable()
     if reason:
         raise FleetError(f"cannot build the network lab: {reason}")
@@ -451,7 +445,7 @@ def run_fleet(
     compile_swarm()
     results: list[SystemResult] = []
     failures: dict[str, str] = {}
-    with started_fleet(config, keep=keep, trace_peers=trace_peers, extra_env=extra_env) as fleet:
+    with started_fleet(config, keep=keep, extra_env=extra_env) as fleet:
         for each in chosen:
             log(f"{each.name}: {config.nodes} nodes, {config.seeders} seeders")
             try:

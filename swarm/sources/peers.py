@@ -477,9 +477,6 @@ class TorrentSession:
             peertrace.log.info("trace %s: %s", state.info_hash[:8], line)
 
     def _dispatch(self, alert: Any) -> None:
-        if isinstance(alert, lt.session_stats_alert):  # asked for by the peers trace only
-            peertrace.log.info("session: %s", peertrace.describe_waste(alert.values))
-            return
         if isinstance(alert, lt.state_update_alert):
             for status in alert.status:
                 state = self._state_of(status.handle)
@@ -579,6 +576,9 @@ class TorrentSession:
                 self._announce_owed(state)
             if isinstance(alert, lt.tracker_error_alert):
                 log.info("tracker: %s", alert.message())
+            return
+        if isinstance(alert, lt.session_stats_alert):  # asked for by the peers trace only
+            peertrace.log.info("session: %s", peertrace.describe_waste(alert.values))
             return
         if alert.category() & lt.alert.category_t.error_notification:
             log.warning("%s", alert.message())

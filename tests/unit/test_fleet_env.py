@@ -32,6 +32,9 @@ def test_env_settings_reach_the_run_and_the_lab_drops_the_shells(
         ["--systems", "swarm", "--env", "SWARM_TRACE_PEERS=1", "--env", "TOGGLE=a=b"]
     )
     assert args.extra_env == {"SWARM_TRACE_PEERS": "1", "TOGGLE": "a=b"}
+    # --trace-peers is that same variable, set through the same environment
+    _, traced = bench().parse_args(["--systems", "swarm", "--keep", "--trace-peers"])
+    assert traced.extra_env == {"SWARM_TRACE_PEERS": "1"}
 
 
 @pytest.mark.parametrize("item", ["NOVALUE", "=1", "BAD NAME=1", "SWARM_SECRET=x"])
