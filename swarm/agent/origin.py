@@ -9,7 +9,6 @@ whether to try again). The batch choice is pure (:mod:`swarm.batch`,
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import threading
@@ -173,15 +172,25 @@ def read_origin(
     landing_until = 0.0
     s3_behind = threading.Event()  # S3 fell behind a plan's rate (swarm.agent.holdwatch)
 
-    @functools.cache
+    far_said = False  # what s3_is_far last said (it logs each change)
+
     def s3_is_far() -> bool:
-        """S3 is in another region (its round trip: :meth:`Artifact.s3_round_trip`)."""
+        """S3 is in another region (its round trip: :meth:`Artifact.s3_round_trip`, which
+        may yet find a far figure taken through a full queue near after all)."""
+        nonlocal far_said
         rtt = artifact.s3_round_trip()
-        if rtt is None or not s3_far(rtt):
-            return False
-        log.info("S3 is %.0f ms away: ALL plans are for nodes near it (own policy here), "
-                 "and its reads hold nothing back from peers", rtt * 1e3)  # fmt: skip
-        return True
+        if rtt is None:
+            return False  # nothing answered: not known to be far
+        far = s3_far(rtt)
+        if far and not far_said:
+            log.info("S3 is %.0f ms away: ALL plans are for nodes near it (own policy "
+                     "here), and its reads hold nothing back from peers", rtt * 1e3)  # fmt: skip
+        elif far_said and not far:
+            log.info("S3 is near after all (%.2f ms, the least round trip on this node's "
+                     "connections to it): the coordinator's plans are taken",
+                     rtt * 1e3)  # fmt: skip
+        far_said = far
+        return far
 
     def retrying(reason: str | None) -> None:
         nonlocal upload_only

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
+import pytest
+
+from swarm.agent import registry
 from swarm.agent.daemon import Daemon
 from swarm.agent.origin import read_origin
 from swarm.agent.rtt import RTT_PROBES
+from swarm.agent.udpchoice import s3_far
 from swarm.config import Settings
 from swarm.s3http import S3Client
 from tests.conftest import put_artifact
@@ -116,4 +121,35 @@ def test_the_s3_reader_knows_s3_s_round_trip_before_its_first_get(
         assert artifact.complete_on_disk()
         assert known_at_gets and all(known_at_gets)
     finally:
+        daemon.close()
+
+
+def test_a_far_round_trip_is_revised_by_what_the_kernel_saw_since(
+    env: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI that timed S3 behind a full queue hands its daemon a far figure; once one of
+    the node's connections to S3 has seen the path drained (the kernel's least round
+    trip), the fetch takes S3 for near. A far S3 with no connection stays far."""
+    monkeypatch.setattr(registry, "S3_RTT_RELOOK", 0.05)
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    server = socket.create_server((ADDRESS, 0))
+    port = server.getsockname()[1]
+    try:
+        artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
+        artifact.client = S3Client(f"http://{ADDRESS}:{port}")
+        artifact.know_s3_round_trip(0.027)  # the CLI's figure, through the queue
+        assert artifact.s3_round_trip() == 0.027  # not looked at again yet
+        time.sleep(0.1)
+        assert artifact.s3_round_trip() == 0.027  # the kernel has no connection to S3
+        with socket.create_connection((ADDRESS, port)) as get, server.accept()[0] as answer:
+            get.sendall(b"GET")  # a round trip the kernel measures: sent, acknowledged
+            answer.sendall(b"200")
+            assert get.recv(3)
+            time.sleep(0.1)
+            rtt = artifact.s3_round_trip()
+        assert rtt is not None and not s3_far(rtt), rtt
+        assert artifact.s3_round_trip() == rtt  # kept: never revised upward
+    finally:
+        server.close()
         daemon.close()
