@@ -28,9 +28,7 @@ from swarm.agent.registry import Artifact
 from swarm.agent.rtt import (
     RTT_PROBES,
     connect_rtt,
-    endpoint_addresses,
     kernel_min_rtts,
-    least_round_trip,
 )
 from swarm.agent.udpchoice import (
     HOLDER_PENALTY,
@@ -212,9 +210,6 @@ def auto_udp(
         # coordinator names the seeders in its first plans) and while sessions run
         artifact.leave_s3_to_udp(FIND_HOLDER_SECONDS)
         scoped.callback(artifact.leave_s3_to_udp, None)
-        # S3's addresses: the kernel's least round trip to them is looked at again with
-        # the holders' (below)
-        s3_addresses = endpoint_addresses(getattr(artifact.client, "endpoint_url", None))
         choice = UdpChoice(time.monotonic())
         penalties = _Penalties()
         far: dict[str, float] = {}  # holders found far: their last round trip (s)
@@ -376,13 +371,13 @@ def auto_udp(
             holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in busy]
             rtts = kernel_min_rtts() if holders else {}
             region_held.look(peers, own_ip, rtts)
-            s3_now = s3_near_now(rtts, s3_addresses)
-            if s3_now is not None:
+            s3_now = artifact.s3_round_trip()
+            if s3_now is not None and not udp_wanted(s3_now):
                 # S3 looked far at the fetch's start only behind the origin's full queue
                 # (slow-uploads at a quarter of its rates: 0-14 ms for most nodes, none
                 # under 20 for two, which then pulled UDP from LAN peers with full 5 Mbit
-                # uplinks); the least round trip since says it is in this region
-                log.info("udp: S3 is near now (%.1f ms): TCP's, no more UDP for this fetch",
+                # uplinks); the kernel's least round trip since says it is in this region
+                log.info("udp: S3 is near now (%.2f ms): TCP's, no more UDP for this fetch",
                          s3_now * 1e3)  # fmt: skip
                 return
             for h in holders:  # near holders are TCP's, whichever is best
@@ -487,11 +482,3 @@ def auto_udp(
         for lane in lanes:
             lane.join()
         scoped.close()
-
-
-def s3_near_now(rtts: dict[str, float], s3_addresses: set[str]) -> float | None:
-    """The kernel's least round trip to S3 (``rtts`` by address, as
-    :func:`~swarm.agent.rtt.kernel_min_rtts` gives them) if it says S3 is in this
-    region (no UDP wanted: :func:`~swarm.agent.udpchoice.udp_wanted`), else None."""
-    least = least_round_trip(rtts, s3_addresses)
-    return least if least is not None and not udp_wanted(least) else None
