@@ -1,9 +1,11 @@
-"""One fleet in a network lab: an origin (S3 server + coordinator), N new nodes and k
-pre-existing seeders, each a namespace with tbf-shaped links (:mod:`swarm.lab.netlab`);
-then one system (:mod:`swarm.lab.systems`) at a time on fresh node state.
+"""One fleet in a network lab: an origin (the S3 server), the coordinator's host, N new
+nodes and k pre-existing seeders, each a namespace with tbf-shaped links
+(:mod:`swarm.lab.netlab`); then one system (:mod:`swarm.lab.systems`) at a time on fresh
+node state.
 
-The origin runs the S3 server (MinIO, or moto) and ``swarm coordinator`` (the tracker of
-every system); the artifact (random bytes) is published once with ``swarm publish``.
+The origin runs the S3 server (MinIO, or moto), and a host of its own ``swarm
+coordinator`` (the tracker of every system; see :data:`COORDINATOR_MBIT`); the artifact
+(random bytes) is published once with ``swarm publish``.
 For each system, :meth:`Fleet.run_system` restarts the coordinator, starts the seeders'
 clients (if the system seeds), starts every node's client at once and waits until all
 say they are done. Measured: each node's time from the common start, the bytes the
@@ -56,6 +58,13 @@ CATALOG = f"s3://{BUCKET}/catalog/"
 ACCESS_KEY = "swarmfleet"
 SECRET_KEY = "swarmfleet-secret"
 FLEET_SECRET = "swarm-lab-fleet-secret-0123456789"
+COORDINATOR_MBIT: Final = 1000.0
+"""Each way, the coordinator's host's link (not scaled with the fleet's: its traffic is
+reports, plans and announces, KB/s). A fleet's coordinator runs on an instance of its
+own, not behind S3's bandwidth; until session 57 the lab ran it on the origin host, where
+its answers queued behind the S3 bytes in the origin's uplink (existing seeders at a
+quarter of the rates, 12.5 Mbit: a node's first plan came 1.2 s after its daemon
+listened). Every system's tracker is this one."""
 
 GET_TORRENT = """\
 import sys, urllib.request, boto3
@@ -149,7 +158,7 @@ LAB_ENV_NAMES: Final = frozenset(lab_env("", Path()))
 
 
 class Fleet:
-    """The lab's hosts, the origin (S3 + coordinator), the published artifact and the runs."""
+    """The lab's hosts, the origin (S3), the coordinator, the published artifact and the runs."""
 
     artifact_name = NAME
     bucket = BUCKET
@@ -183,6 +192,8 @@ class Fleet:
         self.node_hosts = [
             lab.host(f"node{i}", config.node_up, config.node_down) for i in range(config.nodes)
         ]
+        # (added last: the other hosts' addresses are as they were before it had its own)
+        self.coordinator_host = lab.host("coord", COORDINATOR_MBIT, COORDINATOR_MBIT)
         self.node_env: dict[str, str] = {}
         """Environment the new nodes get on top of the fleet's (e.g. another S3 endpoint)."""
         self.wan: Wan | None = None
@@ -201,7 +212,7 @@ class Fleet:
         self.s3 = S3Server(self.origin, config.s3, S3_PORT, work, self.env)  # type: ignore[arg-type]
         # kept runs log each allocation's inputs (the capacity book's debug lines)
         self.coordinator = Coordinator(
-            self.origin,
+            self.coordinator_host,
             self.env,
             work / "coordinator.log",
             args=() if config.origin_rate == "auto" else ("--origin-rate", config.origin_rate),
@@ -260,7 +271,7 @@ class Fleet:
             wan_before = self.wan.stats() if self.wan is not None else {}
             if base_name(name) == "swarm" and self.keep:
                 trace = root / "fleet-trace.jsonl"  # the coordinator's view, for --keep
-                self.tracer = self.origin.popen(
+                self.tracer = self.coordinator_host.popen(
                     [sys.executable, "-c", TRACE_FLEET, self.coordinator.url + "/v1/fleet",
                      str(trace), self.coordinator.token or ""], env=self.env)  # fmt: skip
             received_before = {host.name: host.rx_bytes() for host in self.node_hosts}
