@@ -217,11 +217,12 @@ class Artifact:
 
     def s3_round_trip(self) -> float | None:
         """S3's round trip in seconds (None: nothing answered), measured once per endpoint
-        and kept: the S3 reader asks before its first GET, and the UDP source gets the
-        same figure. Measured after the first GETs, the timed connects waited behind their
-        bytes in the node's own downlink queue: in the s3-fast fleet at a quarter of its
-        rates, with no S3 connection in the kernel's table yet, a node timed its LAN S3 at
-        22-39 ms, took it for far, and left it to UDP for two seconds."""
+        and kept (a far figure may be revised down: :meth:`_relooked_s3_round_trip`): the
+        S3 reader asks before its first GET, and the UDP source gets the same figure.
+        Measured after the first GETs, the timed connects waited behind their bytes in the
+        node's own downlink queue: in the s3-fast fleet at a quarter of its rates, with no
+        S3 connection in the kernel's table yet, a node timed its LAN S3 at 22-39 ms, took
+        it for far, and left it to UDP for two seconds."""
         endpoint = getattr(self.client, "endpoint_url", None)
         with self._s3_rtt_lock:  # one measurement: the other caller waits for it
             if self._s3_rtt is not None and self._s3_rtt[0] == endpoint:
