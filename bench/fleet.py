@@ -1,10 +1,11 @@
 """Fleet benchmark: time to put one artifact on N new nodes, vs the P2P bound and baselines.
 
 Every host is a network namespace on one bridge (swarm/lab/netlab.py) with tbf-shaped
-upload and download. One "origin" host runs the S3 server (MinIO, or moto) and ``swarm
-coordinator`` (the tracker of every system below); N node hosts fetch; k optional
-"seeder" hosts hold the artifact beforehand (existing instances). The artifact (random
-bytes) is published once with ``swarm publish``; then each system runs on fresh node
+upload and download. One "origin" host runs the S3 server (MinIO, or moto), a host of
+its own (1 Gbit links) ``swarm coordinator`` (the tracker of every system below); N node
+hosts fetch; k optional "seeder" hosts hold the artifact beforehand (existing
+instances). The artifact (random bytes) is published once with ``swarm publish``; then
+each system runs on fresh node
 state (homes, destinations; every process of the previous system killed, the coordinator
 restarted). The systems (swarm/lab/systems.py, one class each):
 
