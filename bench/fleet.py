@@ -6,7 +6,8 @@ its own (1 Gbit links) ``swarm coordinator`` (the tracker of every system below)
 hosts fetch; k optional "seeder" hosts hold the artifact beforehand (existing
 instances). The artifact (random bytes) is published once with ``swarm publish``; then
 each system runs on fresh node state (homes, destinations; every process of the
-previous system killed, the coordinator restarted). The systems (swarm/lab/systems.py, one class each):
+previous system killed, the coordinator restarted). The systems (swarm/lab/systems.py,
+one class each):
 
     swarm       ``swarm fetch NAME DEST --listen IP --coordinator URL --json`` on all nodes
     libtorrent  swarm/lab/baseline_libtorrent.py: stock libtorrent 2.1 with the published
