@@ -129,20 +129,23 @@ def test_a_far_round_trip_is_revised_by_what_the_kernel_saw_since(
 ) -> None:
     """A CLI that timed S3 behind a full queue hands its daemon a far figure; once one of
     the node's connections to S3 has seen the path drained (the kernel's least round
-    trip), the fetch takes S3 for near. A far S3 with no connection stays far."""
+    trip), the fetch takes S3 for near. A far S3 with no connection stays far (an address
+    of its own: the kernel's table is by address, and the test above connects to
+    ``ADDRESS``)."""
     monkeypatch.setattr(registry, "S3_RTT_RELOOK", 0.05)
+    address = "127.0.0.87"
     manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
     daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
-    server = socket.create_server((ADDRESS, 0))
+    server = socket.create_server((address, 0))
     port = server.getsockname()[1]
     try:
         artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
-        artifact.client = S3Client(f"http://{ADDRESS}:{port}")
+        artifact.client = S3Client(f"http://{address}:{port}")
         artifact.know_s3_round_trip(0.027)  # the CLI's figure, through the queue
         assert artifact.s3_round_trip() == 0.027  # not looked at again yet
         time.sleep(0.1)
         assert artifact.s3_round_trip() == 0.027  # the kernel has no connection to S3
-        with socket.create_connection((ADDRESS, port)) as get, server.accept()[0] as answer:
+        with socket.create_connection((address, port)) as get, server.accept()[0] as answer:
             get.sendall(b"GET")  # a round trip the kernel measures: sent, acknowledged
             answer.sendall(b"200")
             assert get.recv(3)
