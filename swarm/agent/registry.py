@@ -215,27 +215,32 @@ class Artifact:
         with self._repair_lock:
             self._repair.update(pieces)
 
-    def s3_round_trip(self) -> float | None:
+    def s3_round_trip(self, kernel_rtts: dict[str, float] | None = None) -> float | None:
         """S3's round trip in seconds (None: nothing answered), measured once per endpoint
         and kept (a far figure may be revised down: :meth:`_relooked_s3_round_trip`): the
         S3 reader asks before its first GET, and the UDP source gets the same figure.
         Measured after the first GETs, the timed connects waited behind their bytes in the
         node's own downlink queue: in the s3-fast fleet at a quarter of its rates, with no
         S3 connection in the kernel's table yet, a node timed its LAN S3 at 22-39 ms, took
-        it for far, and left it to UDP for two seconds."""
+        it for far, and left it to UDP for two seconds. ``kernel_rtts``: the kernel's
+        least round trips as a caller has just read them (:func:`kernel_min_rtts`), to
+        revise a far figure with instead of reading them again."""
         endpoint = getattr(self.client, "endpoint_url", None)
         with self._s3_rtt_lock:  # one measurement: the other caller waits for it
             if self._s3_rtt is not None and self._s3_rtt[0] == endpoint:
-                return self._relooked_s3_round_trip(endpoint, self._s3_rtt[1])
+                return self._relooked_s3_round_trip(endpoint, self._s3_rtt[1], kernel_rtts)
             rtt = s3_round_trip(self.client)
             if rtt is not None:  # S3 refused: asked again next time
                 self._s3_rtt = (endpoint, rtt)
                 self._s3_rtt_relooked = time.monotonic()
             return rtt
 
-    def _relooked_s3_round_trip(self, endpoint: str | None, rtt: float) -> float:
+    def _relooked_s3_round_trip(
+        self, endpoint: str | None, rtt: float, kernel_rtts: dict[str, float] | None
+    ) -> float:
         """``rtt``, or less where it says S3 is far and the kernel has since seen less on
-        this node's connections to S3 (looked at every :data:`S3_RTT_RELOOK` at most).
+        this node's connections to S3 (``kernel_rtts``, else read every
+        :data:`S3_RTT_RELOOK` at most).
         The first figure can come through a full queue: in the slow-uploads fleet at a
         quarter of its rates one node's CLI timed its LAN S3 at 27 ms behind the other
         nodes' early GETs in the origin's uplink, and that node took no ALL plan for the
@@ -243,13 +248,17 @@ class Artifact:
         36-37). The kernel keeps each connection's least round trip for minutes, and a
         GET's connection sees the queue drained within seconds. Never revised upward:
         a longer round trip is a queue, not a move."""
-        now = time.monotonic()
-        if not s3_far(rtt) or now - self._s3_rtt_relooked < S3_RTT_RELOOK:
+        if not s3_far(rtt):
             return rtt
-        self._s3_rtt_relooked = now
+        if kernel_rtts is None:
+            now = time.monotonic()
+            if now - self._s3_rtt_relooked < S3_RTT_RELOOK:
+                return rtt
+            self._s3_rtt_relooked = now
+            kernel_rtts = kernel_min_rtts()
         if self._s3_addresses is None or self._s3_addresses[0] != endpoint:
             self._s3_addresses = (endpoint, endpoint_addresses(endpoint))
-        least = least_round_trip(kernel_min_rtts(), self._s3_addresses[1])
+        least = least_round_trip(kernel_rtts, self._s3_addresses[1])
         if least is None or least >= rtt:
             return rtt
         self._s3_rtt = (endpoint, least)

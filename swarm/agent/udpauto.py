@@ -371,7 +371,7 @@ def auto_udp(
             holders = [h for h in everyone if not penalties.skip(h.ip) and h.ip not in busy]
             rtts = kernel_min_rtts() if holders else {}
             region_held.look(peers, own_ip, rtts)
-            s3_now = artifact.s3_round_trip()
+            s3_now = artifact.s3_round_trip(rtts or None)  # the table just read, if any
             if s3_now is not None and not udp_wanted(s3_now):
                 # S3 looked far at the fetch's start only behind the origin's full queue
                 # (slow-uploads at a quarter of its rates: 0-14 ms for most nodes, none

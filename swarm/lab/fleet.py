@@ -3,9 +3,9 @@ nodes and k pre-existing seeders, each a namespace with tbf-shaped links
 (:mod:`swarm.lab.netlab`); then one system (:mod:`swarm.lab.systems`) at a time on fresh
 node state.
 
-The origin runs the S3 server (MinIO, or moto), and a host of its own ``swarm
-coordinator`` (the tracker of every system; see :data:`COORDINATOR_MBIT`); the artifact
-(random bytes) is published once with ``swarm publish``.
+The origin runs the S3 server (MinIO, or moto); ``swarm coordinator`` (the tracker of
+every system) runs on a host of its own (:data:`COORDINATOR_MBIT`); the artifact (random
+bytes) is published once with ``swarm publish``.
 For each system, :meth:`Fleet.run_system` restarts the coordinator, starts the seeders'
 clients (if the system seeds), starts every node's client at once and waits until all
 say they are done. Measured: each node's time from the common start, the bytes the
@@ -63,8 +63,8 @@ COORDINATOR_MBIT: Final = 1000.0
 reports, plans and announces, KB/s). A fleet's coordinator runs on an instance of its
 own, not behind S3's bandwidth; until session 57 the lab ran it on the origin host, where
 its answers queued behind the S3 bytes in the origin's uplink (existing seeders at a
-quarter of the rates, 12.5 Mbit: a node's first plan came 1.2 s after its daemon
-listened). Every system's tracker is this one."""
+quarter of the rates, 12.5 Mbit: a node's first plan came 0.22-1.19 s after its daemon
+listened, 0.04-0.65 on a host of its own). Every system's tracker is this one."""
 
 GET_TORRENT = """\
 import sys, urllib.request, boto3

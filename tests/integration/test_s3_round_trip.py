@@ -145,6 +145,8 @@ def test_a_far_round_trip_is_revised_by_what_the_kernel_saw_since(
         assert artifact.s3_round_trip() == 0.027  # not looked at again yet
         time.sleep(0.1)
         assert artifact.s3_round_trip() == 0.027  # the kernel has no connection to S3
+        # a table a caller has just read revises it too; one without S3 in it does not
+        assert artifact.s3_round_trip({"10.0.0.9": 0.001}) == 0.027
         with socket.create_connection((address, port)) as get, server.accept()[0] as answer:
             get.sendall(b"GET")  # a round trip the kernel measures: sent, acknowledged
             answer.sendall(b"200")
@@ -155,4 +157,23 @@ def test_a_far_round_trip_is_revised_by_what_the_kernel_saw_since(
         assert artifact.s3_round_trip() == rtt  # kept: never revised upward
     finally:
         server.close()
+        daemon.close()
+
+
+def test_a_far_round_trip_is_revised_by_a_table_the_caller_read(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> None:
+    """The UDP source reads the kernel's table for its holders anyway: handed to the
+    artifact, it revises a far figure at once (no wait, no second read); a table
+    without S3's address in it leaves the figure as it was."""
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    try:
+        artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
+        artifact.client = S3Client("http://127.0.0.88:9")
+        artifact.know_s3_round_trip(0.027)
+        assert artifact.s3_round_trip({"10.0.0.9": 0.001}) == 0.027
+        assert artifact.s3_round_trip({"127.0.0.88": 0.0005}) == 0.0005
+        assert artifact.s3_round_trip({"127.0.0.88": 0.05}) == 0.0005  # never up
+    finally:
         daemon.close()
