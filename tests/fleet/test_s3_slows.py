@@ -136,6 +136,8 @@ class _Attempt:
     throttled_at: float
     views: list[dict[str, Any]]
     handed: int
+    log_tails: dict[str, list[str]]
+    """Each node's last daemon log lines above DEBUG, kept for a run that failed."""
 
     def all_came_early(self) -> bool:
         """ALL came while the nodes lacked most of the artifact (what the test needs)."""
@@ -173,7 +175,12 @@ def _attempt(config: FleetConfig) -> _Attempt:
             in (fleet.work / "swarm" / host.name / "home" / "daemon.log").read_text()
             for host in fleet.node_hosts
         )
-        return _Attempt(outcome, at_all, throttled_at, _records(trace), handed)
+        tails: dict[str, list[str]] = {}
+        if "error" in outcome:  # the work directory goes with the fleet: say what it held
+            for host in fleet.node_hosts:
+                lines = (fleet.work / "swarm" / host.name / "home" / "daemon.log").read_text()
+                tails[host.name] = [x for x in lines.splitlines() if " DEBUG " not in x][-12:]
+        return _Attempt(outcome, at_all, throttled_at, _records(trace), handed, tails)
 
 
 def test_all_is_taken_back_when_s3_slows_under_it() -> None:
@@ -193,7 +200,14 @@ def test_all_is_taken_back_when_s3_slows_under_it() -> None:
     attempt = first if first.all_came_early() else _attempt(config)
     outcome, at_all, throttled_at = attempt.outcome, attempt.at_all, attempt.throttled_at
     views, handed = attempt.views, attempt.handed
-    assert "error" not in outcome, outcome.get("error")
+    if "error" in outcome:
+        start = views[0]["t"] if views else time.time()
+        when = f"{throttled_at - start:.1f} s into the trace" if throttled_at else "never"
+        raise AssertionError(
+            f"{outcome['error']}; the origin throttled {when}; "
+            f"(t, mode, MiB held) {_timeline(views, start, math.inf)}; the nodes' daemon "
+            f"logs ended: {json.dumps(attempt.log_tails, indent=1)}"
+        )
     result: SystemResult = outcome["result"]
     seen = [(a.get("allocation") or {}).get("mode") for r in views for a in r["fleet"]["artifacts"]]
     assert at_all is not None, f"the allocation never went ALL: S3 did not fill the links {seen}"
