@@ -146,6 +146,14 @@ class _Attempt:
         return sum(_held(n) for n in self.at_all["fleet"]["nodes"]) < NODES * SIZE // 2
 
 
+def _daemon_log(node_dir: Path) -> str:
+    """A node's daemon log, or a line saying there is none (a daemon that never started)."""
+    try:
+        return (node_dir / "home" / "daemon.log").read_text()
+    except OSError as error:
+        return f"(no daemon log: {error.strerror})"
+
+
 def _attempt(config: FleetConfig) -> _Attempt:
     with started_fleet(config, lab_name="sl") as fleet:
         fleet.keep = True  # the coordinator's view every 0.5 s (fleet-trace.jsonl)
@@ -170,16 +178,14 @@ def _attempt(config: FleetConfig) -> _Attempt:
             fleet.origin.set_rates(SLOW_MBIT, config.origin_down)
             throttled_at = time.time()
         runner.join(300)
-        handed = sum(
-            "handed to libtorrent"
-            in (fleet.work / "swarm" / host.name / "home" / "daemon.log").read_text()
-            for host in fleet.node_hosts
-        )
+        logs = {
+            host.name: _daemon_log(fleet.work / "swarm" / host.name) for host in fleet.node_hosts
+        }
+        handed = sum("handed to libtorrent" in text for text in logs.values())
         tails: dict[str, list[str]] = {}
         if "error" in outcome:  # the work directory goes with the fleet: say what it held
-            for host in fleet.node_hosts:
-                lines = (fleet.work / "swarm" / host.name / "home" / "daemon.log").read_text()
-                tails[host.name] = [x for x in lines.splitlines() if " DEBUG " not in x][-12:]
+            for name, text in logs.items():
+                tails[name] = [x for x in text.splitlines() if " DEBUG " not in x][-12:]
         return _Attempt(outcome, at_all, throttled_at, _records(trace), handed, tails)
 
 
