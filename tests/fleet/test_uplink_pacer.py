@@ -93,8 +93,8 @@ def download_while_uploading(lab: Lab, origin: Host, a: Host, b: Host, pace: boo
             assert line[:1] == ["paced"], f"the uploads were not paced: {line}"
             time.sleep(2)  # the queue built before the pacer's proof drains (0.4 s)
             assert 0.3 * 625_000 < int(line[1]) < 625_000  # under the 5 Mbit uplink
-        ports = (5997, 5996) if pace else (5997,)
-        return max(measure_tcp(origin, a, 20 << 20, port=port) for port in ports)
+        download_ports = (5997, 5996) if pace else (5997,)
+        return max(measure_tcp(origin, a, 20 << 20, port=port) for port in download_ports)
     finally:
         for proc in procs:
             kill_group(proc)

@@ -173,6 +173,7 @@ def test_a_far_round_trip_is_revised_by_a_table_the_caller_read(
         artifact.client = S3Client("http://127.0.0.88:9")
         artifact.know_s3_round_trip(0.027)
         assert artifact.s3_round_trip({"10.0.0.9": 0.001}) == 0.027
+        assert artifact.s3_round_trip({"127.0.0.88": 0.05}) == 0.027  # a queue: not up
         assert artifact.s3_round_trip({"127.0.0.88": 0.0005}) == 0.0005
         assert artifact.s3_round_trip({"127.0.0.88": 0.05}) == 0.0005  # never up
     finally:
