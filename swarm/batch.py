@@ -19,6 +19,14 @@ FILL_PIECES = 1
 """Pieces per *fill* read (see :func:`swarm.agent.hybrid.fill_pieces`): one more TCP
 flow on a node's downlink, which takes the slack when the swarm is slower."""
 
+TAIL_FILL_PIECES = 8
+"""A node that lacks at most this many pieces fills them all in one batch, a GET per
+piece, all at once: the fetch's tail. A fill means the origin has room (the coordinator
+says so), and one piece at a time left it idle while the fleet's last nodes waited on
+peers: slow uploads at full rates, the origin sent 36-66 MB/s of its 125 from 9.1 s
+while a node read its last 9 pieces one by one until 10.8 s (6.4 pieces/s on a 50 MB/s
+downlink), its peers' uplinks at 2.5 MB/s."""
+
 
 class BatchKind(StrEnum):
     ALL = "all"
@@ -82,7 +90,8 @@ def planned_batch(
     stripe minus what is held, then up to ``direct_budget`` more pieces for this node
     alone (the allocation's direct share, in :func:`wide_pieces` order; at most
     ``wide_limit`` of them per batch, as for WIDE); when neither is
-    left and the plan says ``fill``, one rare piece (:data:`FILL_PIECES`). WIDE: the
+    left and the plan says ``fill``, one rare piece (:data:`FILL_PIECES`), or every
+    missing piece that peers hold in the fetch's tail (:data:`TAIL_FILL_PIECES`). WIDE: the
     stripe first, then up to ``wide_limit`` other missing pieces (all of them if None)
     in :func:`wide_pieces` order. A bounded batch lets the next plan narrow the node
     again: a batch of everything missing (or of a whole direct share, planned from the
@@ -117,9 +126,9 @@ def planned_batch(
         if not stripe and plan.fill:
             if leave_in_flight:
                 missing = [p for p in missing if p not in in_flight]
+            limit = len(missing) if len(missing) <= TAIL_FILL_PIECES else FILL_PIECES
             return Batch(
-                BatchKind.FILL,
-                fill_pieces(missing, availability, in_flight, offset, FILL_PIECES),
+                BatchKind.FILL, fill_pieces(missing, availability, in_flight, offset, limit)
             )
         return Batch(BatchKind.STRIPE, stripe)
     taken = set(stripe)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from swarm.agent.hybrid import TorrentSink
@@ -67,8 +68,15 @@ class DirectSink:
     def bytes_done(self) -> int:
         return sum(self.layout.length(i) for i in self.held())
 
-    def offer(self, index: int, data: bytes | memoryview, source: str) -> bool:
-        """Write the piece at its offset (checked later, with the whole file)."""
+    def offer(
+        self,
+        index: int,
+        data: bytes | memoryview,
+        source: str,
+        counted: Mapping[str, int] | None = None,
+    ) -> bool:
+        """Write the piece at its offset (checked later, with the whole file).
+        ``counted``: as :meth:`TorrentSink.offer <swarm.agent.hybrid.TorrentSink.offer>`'s."""
         length = len(data)
         if length != self.layout.length(index):
             return False
@@ -77,9 +85,7 @@ class DirectSink:
         write_at(self._fd, data, self.layout.offset(index), self.path)
         with self._lock:
             self.written.add(index)
-            self.torrent.bytes_by_source[source] = (
-                self.torrent.bytes_by_source.get(source, 0) + length
-            )
+        self.torrent.count(counted or {source: length})
         self.torrent.state.note_arrival()
         return True
 

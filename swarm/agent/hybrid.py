@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 
 from swarm.manifest import Manifest
@@ -62,11 +62,19 @@ class TorrentSink:
         held = self.state.held
         return [i for i in range(self.manifest.layout.count) if i not in held]
 
-    def offer(self, index: int, data: bytes | memoryview, source: str | None) -> bool:
+    def offer(
+        self,
+        index: int,
+        data: bytes | memoryview,
+        source: str | None,
+        counted: Mapping[str, int] | None = None,
+    ) -> bool:
         """Hand the piece to libtorrent, which checks its SHA-1 before keeping it (one hash
         per byte: checking here too would double the hashing of every S3 byte). ``source``
         None: the bytes were counted already (a piece the node wrote itself, handed over
         later: :meth:`DirectSink.share <swarm.agent.direct.DirectSink.share>`).
+        ``counted``: the bytes to count per source, where the piece came from several
+        (:mod:`swarm.agent.topup`); else all of it is ``source``'s.
 
         Returns at once (True) while libtorrent hashes and writes, up to
         :data:`MAX_PENDING_BYTES` per sink; :meth:`settle` waits for the verdicts."""
@@ -84,15 +92,25 @@ class TorrentSink:
             self._room.release()
             kept = not done.cancelled() and done.exception() is None and done.result()
             with self._lock:
-                if kept and source is not None:
-                    self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + length
-                elif not kept:
+                if kept:
+                    self._count(counted or ({source: length} if source is not None else {}))
+                else:
                     self.hash_failures += 1
 
         future.add_done_callback(verdict)
         with self._lock:
             self._pending[index] = future
         return True
+
+    def _count(self, counted: Mapping[str, int]) -> None:
+        """Add to :attr:`bytes_by_source` (the caller holds the lock)."""
+        for source, nbytes in counted.items():
+            self.bytes_by_source[source] = self.bytes_by_source.get(source, 0) + nbytes
+
+    def count(self, counted: Mapping[str, int]) -> None:
+        """Add to :attr:`bytes_by_source`: bytes of a piece written past libtorrent."""
+        with self._lock:
+            self._count(counted)
 
     def settle(self, pieces: Iterable[int], timeout: float = ADD_PIECE_TIMEOUT) -> int:
         """Wait for libtorrent's verdict on ``pieces`` offered earlier; count the failures."""

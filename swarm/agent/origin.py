@@ -18,14 +18,14 @@ from typing import Any
 
 from swarm.agent.direct import DirectSink
 from swarm.agent.holdwatch import BEHIND_SHARE, BehindWatch
-from swarm.agent.hybrid import LocalOriginPolicy, stripe_offset
+from swarm.agent.hybrid import LocalOriginPolicy, TorrentSink, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.stuck import BLOCK_WRITING
+from swarm.agent.topup import TopUps, finished_blocks
 from swarm.agent.udpchoice import s3_far
 from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
-from swarm.sources import PieceSink
 from swarm.sources.peers import TorrentSession
 from swarm.sources.s3 import S3Source, S3SourceConfig
 from swarm.sources.s3width import GetWidth
@@ -102,14 +102,27 @@ class InFlight:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self._pieces: set[int] = set()
+        self._finished: dict[int, frozenset[int]] = {}
         self._at = -math.inf
 
     def __call__(self, max_age: float = IN_FLIGHT_TTL) -> set[int]:
+        self._look(max_age)
+        return self._pieces
+
+    def finished(self, max_age: float = IN_FLIGHT_TTL) -> dict[int, frozenset[int]]:
+        """Per piece, the blocks libtorrent has written (:mod:`swarm.agent.topup`). An
+        older answer only knows fewer: a written block stays written until its piece is
+        held (or fails its hash, and the top-up's SHA-1 check catches that)."""
+        self._look(max_age)
+        return self._finished
+
+    def _look(self, max_age: float) -> None:
         now = time.monotonic()
         if now - self._at >= max_age:
-            self._pieces = queued(self.handle.get_download_queue())
+            queue = self.handle.get_download_queue()
+            self._pieces = queued(queue)
+            self._finished = finished_blocks(queue)
             self._at = now
-        return self._pieces
 
 
 def _either(first: Callable[[], bool] | None, second: Callable[[], bool]) -> Callable[[], bool]:
@@ -231,8 +244,13 @@ def read_origin(
         # libtorrent, which has been handed the pieces written before (DirectSink.share).
         sharing = planned and batch.kind is not BatchKind.ALL
         direct = artifact.direct
-        target: PieceSink = direct if direct is not None and not sharing else sink
+        target: TorrentSink | DirectSink = direct if direct is not None and not sharing else sink
         config = S3SourceConfig(*shapes[batch.kind])
+        width: GetWidth | None = widths[batch.kind]
+        if batch.kind is BatchKind.FILL and len(batch.pieces) > 1:
+            # the tail's fill (swarm.batch.TAIL_FILL_PIECES): every piece at once, not
+            # after a width's measures (seconds, where the tail lasts a fraction of one)
+            config, width = S3SourceConfig(len(batch.pieces), manifest.piece_size), None
         # An ALL batch is everything missing: read to its end, it kept the node on a
         # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
         # next piece once the plan is no longer ALL. A WIDE or stripe batch stops once
@@ -312,18 +330,24 @@ def read_origin(
         try:
             session.hold_back(manifest.info_hash, held_back, True)
             with BehindWatch(lambda: artifact.s3_streamed.total, expected, fell_behind):
-                S3Source(
+                reader = S3Source(
                     client,
                     manifest,
                     target,
                     artifact.cancel,
                     config,
                     on_retry=retrying,
-                    width=widths[batch.kind],
+                    width=width,
                     streamed=artifact.s3_streamed.add,
                     overtaken=artifact.s3_overtaken.add,
                     reading=reading if per_get or held_back else None,
-                ).fetch(batch.pieces, stop)
+                )
+                # pieces peers have partly sent: their blocks kept, the rest from S3
+                with TopUps(client, manifest, artifact.data_path, target, batch.pieces,
+                            in_flight.finished(), artifact.s3_streamed.add,
+                            artifact.cancel) as top_ups:  # fmt: skip
+                    reader.fetch(top_ups.whole, stop)
+                reader.fetch(top_ups.failed, stop)
         finally:
             artifact.s3_busy.stop()
             hold(held_back, False)

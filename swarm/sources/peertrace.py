@@ -82,9 +82,13 @@ def describe(handle: Any) -> str:
     """One torrent's line (see the module docstring): its status and its peers'."""
     status = handle.status()
     mine = status.pieces
+    queue = handle.get_download_queue()
+    received = sum(1 for piece in queue for block in piece["blocks"] if block["state"] >= 2)
     parts = [
         f"held {status.num_pieces}/{len(mine)} down {status.download_payload_rate / 1e3:.0f} "
-        f"up {status.upload_payload_rate / 1e3:.0f} kB/s"
+        f"up {status.upload_payload_rate / 1e3:.0f} kB/s peers' payload "
+        f"{status.total_payload_download / 1e6:.1f} MB, {len(queue)} pieces asked "
+        f"({received} blocks in)"
     ]
     for peer in handle.get_peer_info():
         theirs = peer.pieces

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.batch import Batch, BatchKind, kept_from_peers, planned_batch
+from swarm.batch import TAIL_FILL_PIECES, Batch, BatchKind, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
 
 MISSING = list(range(10))
@@ -84,3 +84,15 @@ def test_a_link_bound_direct_share_leaves_pieces_asked_of_peers_to_them() -> Non
     for value in (None, 1, "yes"):
         unflagged = OriginPlan.from_json({"mode": "stripe", "link_bound": value})
         assert unflagged is not None and not unflagged.link_bound
+
+
+def test_the_tail_fills_every_missing_piece_peers_hold_at_once() -> None:
+    """A node lacking at most TAIL_FILL_PIECES pieces fills them all in one batch (the
+    origin has room, and one piece at a time kept the fleet's last node waiting on slow
+    peers); pieces asked of peers come last, as in any fill."""
+    fill = OriginPlan(mode="stripe", fill=True)
+    few = [2, 3, 8, 9]  # 9: nobody holds it, a stripe's
+    batch = planned_batch(fill, few, set(), AVAILABILITY, {3}, 0)
+    assert batch.kind is BatchKind.FILL and batch.pieces == [2, 8, 3]
+    many = list(range(TAIL_FILL_PIECES + 1))
+    assert len(planned_batch(fill, many, set(), [1] * len(many), set(), 0).pieces) == 1
