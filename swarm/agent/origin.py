@@ -14,14 +14,13 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from swarm.agent.direct import DirectSink
+from swarm.agent.downloadqueue import IN_FLIGHT_TTL, InFlight, partly_received, queued
 from swarm.agent.holdwatch import BEHIND_SHARE, BehindWatch
 from swarm.agent.hybrid import LocalOriginPolicy, TorrentSink, stripe_offset
 from swarm.agent.registry import Artifact
-from swarm.agent.stuck import BLOCK_WRITING
-from swarm.agent.topup import TopUps, finished_blocks
+from swarm.agent.topup import TopUps
 from swarm.agent.udpchoice import s3_far
 from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
 from swarm.messages import OriginPlan
@@ -73,56 +72,6 @@ nothing: 1.3-3.4 MB a node in s3-fast at a quarter of its rates."""
 PLAN_TTL = 3.0
 """A coordinator plan older than this (three missed reports) is stale: the node decides
 alone, on its own samples, with the same policy (:mod:`swarm.policy`)."""
-
-IN_FLIGHT_TTL = 1.0
-"""Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
-piece, which libtorrent drops)."""
-
-
-def queued(queue: list[dict[str, Any]]) -> set[int]:
-    """Pieces of libtorrent's download queue (``get_download_queue``): asked of peers."""
-    return {piece["piece_index"] for piece in queue}
-
-
-def partly_received(queue: list[dict[str, Any]]) -> set[int]:
-    """Pieces of libtorrent's download queue (``get_download_queue``) with blocks
-    already received (being written or written)."""
-    return {
-        piece["piece_index"]
-        for piece in queue
-        if any(block["state"] >= BLOCK_WRITING for block in piece["blocks"])
-    }
-
-
-class InFlight:
-    """Pieces partly downloaded from peers, asked of libtorrent at most every
-    ``IN_FLIGHT_TTL`` seconds: ``get_download_queue`` lists every block in flight as
-    Python dicts, and asked for each fill read it took most of a daemon's CPU."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-        self._pieces: set[int] = set()
-        self._finished: dict[int, frozenset[int]] = {}
-        self._at = -math.inf
-
-    def __call__(self, max_age: float = IN_FLIGHT_TTL) -> set[int]:
-        self._look(max_age)
-        return self._pieces
-
-    def finished(self, max_age: float = IN_FLIGHT_TTL) -> dict[int, frozenset[int]]:
-        """Per piece, the blocks libtorrent has written (:mod:`swarm.agent.topup`). An
-        older answer only knows fewer: a written block stays written until its piece is
-        held (or fails its hash, and the top-up's SHA-1 check catches that)."""
-        self._look(max_age)
-        return self._finished
-
-    def _look(self, max_age: float) -> None:
-        now = time.monotonic()
-        if now - self._at >= max_age:
-            queue = self.handle.get_download_queue()
-            self._pieces = queued(queue)
-            self._finished = finished_blocks(queue)
-            self._at = now
 
 
 def _either(first: Callable[[], bool] | None, second: Callable[[], bool]) -> Callable[[], bool]:

@@ -35,10 +35,6 @@ log = logging.getLogger(__name__)
 BLOCK_SIZE: Final = 16 << 10
 """libtorrent's block: what a peer sends per request, and the download queue's unit."""
 
-BLOCK_FINISHED: Final = 3
-"""``block_info.state`` in ``get_download_queue`` once the block is written
-(0 none, 1 requested, 2 writing, 3 finished)."""
-
 MIN_BLOCKS: Final = 4
 """Fewer finished blocks than this (64 KiB) are not worth a second look: the piece is read
 whole."""
@@ -62,18 +58,6 @@ class CountingSink(Protocol):
         source: str,
         counted: Mapping[str, int] | None = None,
     ) -> bool: ...
-
-
-def finished_blocks(queue: Iterable[Mapping[str, Any]]) -> dict[int, frozenset[int]]:
-    """Per piece of libtorrent's download queue, the blocks it has written."""
-    finished = {}
-    for piece in queue:
-        done = frozenset(
-            i for i, block in enumerate(piece["blocks"]) if block["state"] == BLOCK_FINISHED
-        )
-        if done:
-            finished[piece["piece_index"]] = done
-    return finished
 
 
 def span(length: int, finished: frozenset[int]) -> tuple[int, int] | None:
@@ -143,8 +127,9 @@ class TopUps:
             reader.fetch(top_ups.whole)
         reader.fetch(top_ups.failed)
 
-    ``finished``: libtorrent's written blocks per piece (:func:`finished_blocks`, perhaps
-    a second old: it then knows fewer)."""
+    ``finished``: libtorrent's written blocks per piece
+    (:func:`~swarm.agent.downloadqueue.finished_blocks`, perhaps a second old: it then
+    knows fewer)."""
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import libtorrent as lt
 
-from swarm.agent.origin import InFlight
+from swarm.agent.downloadqueue import InFlight
 from swarm.agent.registry import Artifact
 from swarm.agent.rtt import (
     RTT_PROBES,

@@ -5,10 +5,13 @@ Off unless the daemon's environment sets ``SWARM_TRACE_PEERS=1`` (``swarm fetch`
 passes its environment to the daemon it starts; ``bench/fleet.py --trace-peers`` sets
 it on every node). The lines go to the daemon's log, on the logger ``swarm.trace.peers``:
 
-    trace 0213e8ec: held 37/128 down 2350 up 4909 kB/s | 10.0.0.6:6881 45p useful 15
-    down 803 up 811 reqs 102 asked 0 I-i- | ...
+    trace 0213e8ec: held 37/128 down 2350 up 4909 kB/s peers' payload 15.5 MB, 11 pieces
+    asked (279 blocks in) | 10.0.0.6:6881 45p useful 15 down 803 up 811 reqs 102 asked 0
+    I-i- | ...
 
-(the torrent by the first characters of its info-hash)
+(the torrent by the first characters of its info-hash; what peers have sent it so far,
+and libtorrent's download queue: the pieces asked of peers and their blocks received,
+which S3 tops up rather than reads again: :mod:`swarm.agent.topup`)
 
 per peer: its address, ``seed`` or the pieces it holds (``Np``), how many of those this
 node lacks (``useful``), libtorrent's payload rates from and to it (kB/s), the block
@@ -38,6 +41,8 @@ import libtorrent as lt
 log = logging.getLogger("swarm.trace.peers")
 
 TRACE_ENV: Final = "SWARM_TRACE_PEERS"
+BLOCK_IN: Final = 2
+"""``block_info.state`` from which a block has come in (2 writing, 3 finished)."""
 TRACE_INTERVAL: Final = 1.0
 """Seconds between two lines of one torrent."""
 
@@ -83,7 +88,7 @@ def describe(handle: Any) -> str:
     status = handle.status()
     mine = status.pieces
     queue = handle.get_download_queue()
-    received = sum(1 for piece in queue for block in piece["blocks"] if block["state"] >= 2)
+    received = sum(1 for piece in queue for block in piece["blocks"] if block["state"] >= BLOCK_IN)
     parts = [
         f"held {status.num_pieces}/{len(mine)} down {status.download_payload_rate / 1e3:.0f} "
         f"up {status.upload_payload_rate / 1e3:.0f} kB/s peers' payload "

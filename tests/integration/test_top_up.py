@@ -10,7 +10,8 @@ from pathlib import Path
 
 import boto3
 
-from swarm.agent.topup import BLOCK_SIZE, MIN_BLOCKS, TopUps, finished_blocks, span, top_up
+from swarm.agent.downloadqueue import finished_blocks
+from swarm.agent.topup import BLOCK_SIZE, MIN_BLOCKS, TopUps, span, top_up
 from swarm.manifest import Manifest
 from swarm.s3http import S3Client
 from swarm.sources.s3 import S3Source

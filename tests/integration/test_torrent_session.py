@@ -12,8 +12,9 @@ from typing import Any
 import libtorrent as lt
 import pytest
 
+from swarm.agent.downloadqueue import partly_received
 from swarm.agent.hybrid import TorrentSink
-from swarm.agent.origin import partly_received, writing_directly
+from swarm.agent.origin import writing_directly
 from swarm.agent.registry import Artifact
 from swarm.manifest import Manifest
 from swarm.sources.peers import TorrentSession

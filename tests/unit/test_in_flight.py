@@ -1,11 +1,11 @@
 """The S3 reader's view of the pieces libtorrent is downloading from peers
-(swarm.agent.origin.InFlight): reused for a second, asked afresh when told to."""
+(swarm.agent.downloadqueue.InFlight): reused for a second, asked afresh when told to."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from swarm.agent.origin import InFlight
+from swarm.agent.downloadqueue import InFlight
 
 
 class DownloadQueue:
