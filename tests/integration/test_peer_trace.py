@@ -39,6 +39,7 @@ def test_a_node_traces_a_seeder_it_lacks_every_piece_of(
         node.dial(manifest.info_hash, (("127.0.0.61", seeder.listen_port),))
         pattern = re.compile(
             rf"trace {manifest.info_hash[:8]}: held 0/{PIECES} down \d+ up \d+ kB/s"
+            r" peers' payload 0\.0 MB, 0 pieces asked \(0 blocks in\)"
             rf" \| 127\.0\.0\.61:{seeder.listen_port} seed useful {PIECES} down \d+ up \d+"
             r" reqs \d+ asked \d+ [I-][C-][i-][c-]"
         )
