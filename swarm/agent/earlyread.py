@@ -5,7 +5,7 @@ session); a scale-out's nodes start together on few cores, so its first GET came
 into the s3-fast fleet (six nodes on two cores) and 1.0 s into the slow-uploads one
 (eight), where aria2c's first MB came at 0.1 s and s5cmd's at 0.3-0.4: the node's
 downlink idled for most of a second. ``swarm fetch`` itself is idle meanwhile, with the
-manifest in hand (:class:`~swarm.agent.client.ManifestPreread`): it reads pieces into
+manifest in hand (:class:`~swarm.agent.preread.ManifestPreread`): it reads pieces into
 memory with one ranged GET from a random piece on (nodes starting together read
 different pieces), names that GET's range in its fetch request (``early``: the S3 reader
 leaves them alone), reads on until the daemon answers (once the fetch has its plan or

@@ -191,8 +191,9 @@ def _fetch_with_daemon(
     copy: bool = False,
     coordinator_flag: str | None = None,
 ) -> dict[str, Any]:
-    from swarm.agent.client import ManifestPreread, ensure_daemon, fetch_via_daemon
+    from swarm.agent.client import ensure_daemon, fetch_via_daemon
     from swarm.agent.earlyread import EarlyRead
+    from swarm.agent.preread import ManifestPreread
     from swarm.agent.store import check_dest
     from swarm.fleetauth import fleet_token
     from swarm.messages import SOURCES, FetchRequest

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from swarm.agent import earlyread
-from swarm.agent.client import DaemonClient, ManifestPreread, fetch_via_daemon
+from swarm.agent.client import DaemonClient, fetch_via_daemon
 from swarm.agent.earlyread import EarlyRead
+from swarm.agent.preread import ManifestPreread
 from swarm.errors import SwarmError
 from swarm.manifest import Manifest
 from swarm.messages import FetchRequest, S3Read

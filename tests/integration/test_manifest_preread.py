@@ -8,7 +8,7 @@ from pathlib import Path
 
 import boto3
 
-from swarm.agent.client import ManifestPreread
+from swarm.agent.preread import ManifestPreread
 from swarm.catalog import entry_url
 from swarm.manifest import manifest_key
 from swarm.s3http import S3Url
