@@ -22,7 +22,14 @@ from swarm.agent.hybrid import LocalOriginPolicy, TorrentSink, stripe_offset
 from swarm.agent.registry import Artifact
 from swarm.agent.topup import TopUps
 from swarm.agent.udpchoice import s3_far
-from swarm.batch import Batch, BatchKind, all_missing, kept_from_peers, planned_batch
+from swarm.batch import (
+    TAIL_FILL_PIECES,
+    Batch,
+    BatchKind,
+    all_missing,
+    kept_from_peers,
+    planned_batch,
+)
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
 from swarm.sources.peers import TorrentSession
@@ -116,7 +123,10 @@ def read_origin(
         BatchKind.ALL: (8, STRIPE_RANGE),
         BatchKind.STRIPE: (8, STRIPE_RANGE),
         BatchKind.WIDE: (8, STRIPE_RANGE),
-        BatchKind.FILL: (1, manifest.piece_size),
+        # a fill is one piece, or in the fetch's tail every missing one, a GET each at once
+        # (swarm.batch.TAIL_FILL_PIECES): not measured, the tail lasts a fraction of a
+        # width's measure
+        BatchKind.FILL: (TAIL_FILL_PIECES, manifest.piece_size),
     }
 
     def received() -> int:
@@ -126,7 +136,10 @@ def read_origin(
     # A width per kind of batch, kept across the fetch's batches: under a stripe or WIDE
     # peers share the node's link, under ALL they do not, so a width that paid under one
     # says nothing of the other.
-    widths = {kind: GetWidth(received, concurrency) for kind, (concurrency, _) in shapes.items()}
+    widths: dict[BatchKind, GetWidth | None] = {
+        kind: GetWidth(received, concurrency) if kind is not BatchKind.FILL else None
+        for kind, (concurrency, _) in shapes.items()
+    }
 
     upload_only = False
     peers_finish_until = 0.0  # see PEERS_FINISH_SECONDS
@@ -195,11 +208,6 @@ def read_origin(
         direct = artifact.direct
         target: TorrentSink | DirectSink = direct if direct is not None and not sharing else sink
         config = S3SourceConfig(*shapes[batch.kind])
-        width: GetWidth | None = widths[batch.kind]
-        if batch.kind is BatchKind.FILL and len(batch.pieces) > 1:
-            # the tail's fill (swarm.batch.TAIL_FILL_PIECES): every piece at once, not
-            # after a width's measures (seconds, where the tail lasts a fraction of one)
-            config, width = S3SourceConfig(len(batch.pieces), manifest.piece_size), None
         # An ALL batch is everything missing: read to its end, it kept the node on a
         # slowed S3, upload-only, whatever the coordinator said meanwhile. It stops at its
         # next piece once the plan is no longer ALL. A WIDE or stripe batch stops once
@@ -286,7 +294,7 @@ def read_origin(
                     artifact.cancel,
                     config,
                     on_retry=retrying,
-                    width=width,
+                    width=widths[batch.kind],
                     streamed=artifact.s3_streamed.add,
                     overtaken=artifact.s3_overtaken.add,
                     reading=reading if per_get or held_back else None,
