@@ -3,9 +3,10 @@
 - the sans-IO machines, one module per seam (all re-exported by :mod:`swarm.udp.protocol`):
   :mod:`~swarm.udp.wire` (format, block plan), :mod:`~swarm.udp.crypto` (HKDF keys,
   AES-GCM), :mod:`~swarm.udp.rate` (rate rule, pacer), :mod:`~swarm.udp.request` (REQUEST
-  and ACCEPT rules), :mod:`~swarm.udp.sender` (with :mod:`~swarm.udp.schedule` and
-  :mod:`~swarm.udp.batch`) and :mod:`~swarm.udp.receiver` (with :mod:`~swarm.udp.assembly`
-  and :mod:`~swarm.udp.loss`);
+  and ACCEPT rules), :mod:`~swarm.udp.handshake` (both halves, and the PROBE check),
+  :mod:`~swarm.udp.sender` (with :mod:`~swarm.udp.blast`, :mod:`~swarm.udp.schedule` and
+  :mod:`~swarm.udp.batch`) and :mod:`~swarm.udp.receiver` (with :mod:`~swarm.udp.intake`,
+  :mod:`~swarm.udp.assembly` and :mod:`~swarm.udp.loss`);
 - :mod:`swarm.udp.datapath`: UDP sockets with GSO sends, GRO receives, no IP fragments;
 - :class:`UdpServer`: what every daemon runs to serve the pieces it holds, looked up in a
   :class:`PieceProvider` (:mod:`swarm.udp.pieces`);

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from swarm.udp.crypto import Sealer
 from swarm.udp.events import Event
-from swarm.udp.wire import FrameBuffer, LocalProtocolError, Msg, RemoteProtocolError, frame
+from swarm.udp.wire import (
+    MAX_CONTROL_FRAME,
+    FrameBuffer,
+    LocalProtocolError,
+    Msg,
+    RemoteProtocolError,
+    frame,
+)
 
 
 class ControlChannel:
@@ -29,6 +36,13 @@ class ControlChannel:
         out = bytes(self._out)
         self._out.clear()
         return out
+
+    def use_keys(self, send_key: bytes, recv_key: bytes) -> None:
+        """The handshake is done: our frames are sealed with ``send_key``, the peer's opened
+        with ``recv_key``, and frames may be as large as :data:`MAX_CONTROL_FRAME`."""
+        self.send_ctl = Sealer(send_key)
+        self.recv_ctl = Sealer(recv_key)
+        self.frames.limit = MAX_CONTROL_FRAME
 
     def send_plain(self, msg: Msg, body: bytes) -> None:
         self._out += frame(msg, body)

@@ -15,10 +15,13 @@ the edges, the tests and the fuzzers):
 - :mod:`swarm.udp.rate`: the rate rule, its feedback loop and the pacer;
 - :mod:`swarm.udp.events`: what the machines tell their edges;
 - :mod:`swarm.udp.request`: the REQUEST and ACCEPT rules both sides check;
+- :mod:`swarm.udp.handshake`: both halves of the handshake, and the PROBE check;
 - :mod:`swarm.udp.sender` / :mod:`swarm.udp.receiver`: the server's and client's machines,
-  with their bookkeeping: :mod:`swarm.udp.schedule` (what is left to send) and
-  :mod:`swarm.udp.batch` (GSO batches); :mod:`swarm.udp.assembly` (pieces being received)
-  and :mod:`swarm.udp.loss` (NAKs and REPORTs).
+  with their data paths and bookkeeping: :mod:`swarm.udp.blast` (blocks sealed at the
+  paced rate), :mod:`swarm.udp.schedule` (what is left to send) and :mod:`swarm.udp.batch`
+  (GSO batches); :mod:`swarm.udp.intake` (blocks into piece buffers),
+  :mod:`swarm.udp.assembly` (pieces being received) and :mod:`swarm.udp.loss` (NAKs and
+  REPORTs).
 
 Nothing in them touches a socket, a clock or an RNG: nonces and times are passed in, bytes
 go in and out, and the asyncio edges (``server.py``, ``client.py``, with the socket work in

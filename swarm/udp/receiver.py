@@ -11,46 +11,36 @@ A bad *datagram* never raises: UDP sources are spoofable, so raising would let a
 session; it is dropped and counted. The one exception is an *authentic* block that does not
 fit the plan: only the server holds the key to seal one, so it is a protocol error.
 
-Loss detection and NAKs: :mod:`swarm.udp.loss`; piece buffers and checks:
-:mod:`swarm.udp.assembly`; the request and its grant: :mod:`swarm.udp.request`.
+The handshake: :mod:`swarm.udp.handshake`; datagrams into piece buffers:
+:mod:`swarm.udp.intake`; loss detection and NAKs: :mod:`swarm.udp.loss`; piece buffers and
+checks: :mod:`swarm.udp.assembly`; the request and its grant: :mod:`swarm.udp.request`.
 """
 
 from __future__ import annotations
 
 import enum
-import hmac
-from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from swarm.udp.assembly import PieceAssembly
 from swarm.udp.control import ControlChannel
-from swarm.udp.crypto import AESGCM, FleetKey, InvalidTag, Sealer
+from swarm.udp.crypto import AESGCM, FleetKey, Sealer
 from swarm.udp.events import (
     Authenticated,
     Event,
     PeerError,
-    PieceReceived,
     Progress,
     Refused,
     TransferDone,
 )
+from swarm.udp.handshake import ClientHandshake, seal_probe
+from swarm.udp.intake import BlockIntake
 from swarm.udp.loss import LossTracker
 from swarm.udp.request import check_pieces, check_request, pack_request, parse_accept
 from swarm.udp.wire import (
     ACCEPT,
     DEFAULT_BLOCK_SIZE,
-    DGRAM,
-    DGRAM_DATA,
-    DGRAM_HEADER_LEN,
-    DGRAM_OVERHEAD,
-    DGRAM_PROBE,
-    FLAG_RETRANSMIT,
-    MAX_CONTROL_FRAME,
-    NONCE_LEN,
     PROGRESS,
-    TAG_LEN,
-    VERSION_MAGIC,
     AuthenticationError,
     BlockPlan,
     LocalProtocolError,
@@ -121,13 +111,9 @@ class ClientSession:
         piece_size: int | None = None,
         piece_count: int | None = None,
     ) -> None:
-        if len(client_nonce) != NONCE_LEN:
-            raise LocalProtocolError(f"client nonce must be {NONCE_LEN} bytes")
+        self._handshake = ClientHandshake(key, client_nonce)
         info_hash = check_request(info_hash_hex, pieces, rate_bps, block_size, piece_count)
         self._side = ControlChannel()
-        self._key = key
-        self._hello = VERSION_MAGIC + client_nonce
-        self._client_nonce = client_nonce
         self._info_hash = info_hash
         self._requested = None if pieces is None else list(pieces)
         self._rate = rate_bps
@@ -148,9 +134,11 @@ class ClientSession:
         self._early_bytes = 0
         self._assembly: PieceAssembly | None = None
         """The pieces being received; set by ACCEPT."""
+        self._intake: BlockIntake | None = None
+        """What takes the data socket's datagrams; set by ACCEPT."""
         self._loss = LossTracker()
         self._next_report = 0.0
-        self._side.send_plain(Msg.HELLO, self._hello)
+        self._side.send_plain(Msg.HELLO, self._handshake.hello)
 
     def events(self) -> list[Event]:
         return self._side.events()
@@ -194,20 +182,12 @@ class ClientSession:
             side.pending.append(PeerError(reason))
             return
         if self.state is ClientState.AWAIT_CHALLENGE:
-            if kind != Msg.CHALLENGE or len(body) != NONCE_LEN + 32:
-                raise RemoteProtocolError("expected CHALLENGE")
-            server_nonce, proof = body[:NONCE_LEN], body[NONCE_LEN:]
-            transcript = self._hello + server_nonce
-            if not hmac.compare_digest(proof, self._key.proof(b"server", transcript)):
-                raise AuthenticationError("the server failed to prove the fleet secret")
-            keys = self._key.session_keys(self._client_nonce, server_nonce)
-            side.send_ctl = Sealer(keys.control_c2s)
-            side.recv_ctl = Sealer(keys.control_s2c)
-            side.frames.limit = MAX_CONTROL_FRAME
+            keys, auth = self._handshake.answer(kind, body)
+            side.use_keys(keys.control_c2s, keys.control_s2c)
             self._data_aead = AESGCM(keys.data_s2c)
             self._probe = Sealer(keys.data_c2s)
             self.session_id = keys.session_id
-            side.send_plain(Msg.AUTH, self._key.proof(b"client", transcript))
+            side.send_plain(Msg.AUTH, auth)
             self.state = ClientState.AWAIT_PIECES
             if self._requested is not None:
                 self._send_request(self._requested)
@@ -282,6 +262,17 @@ class ClientSession:
         pieces = [p for p in self._requested if p not in gone]
         self.plan = BlockPlan(pieces, accepted.piece_size, accepted.total_size, accepted.block_size)
         self._assembly = PieceAssembly(self.plan)
+        assert self._data_aead is not None  # set by CHALLENGE
+        self._intake = BlockIntake(
+            self.plan,
+            self._data_aead,
+            self.session_id,
+            self._assembly,
+            self._loss,
+            self.stats,
+            self._side,
+            self._path_proven,
+        )
         self._side.pending.append(accepted)
         if not pieces:
             self._finish()
@@ -298,9 +289,8 @@ class ClientSession:
         bytes back to back, the last one possibly shorter (a UDP GRO batch; ``segment ==
         size`` for a single datagram). ``data`` may be reused once this returns.
 
-        New authentic blocks take a fast path (one header unpack and one AEAD call each);
-        anything else (duplicates, forgeries, blocks that do not fit) goes through
-        :meth:`receive_datagram`'s checks."""
+        The blocks go to :class:`~swarm.udp.intake.BlockIntake` (its fast path, and the
+        careful one of :meth:`receive_datagram`)."""
         if segment <= 0:
             segment = size
         if self.state is ClientState.AWAIT_ACCEPT:
@@ -308,167 +298,28 @@ class ClientSession:
                 self._early.append((bytes(data[:size]), segment))
                 self._early_bytes += size
             return
-        stats = self.stats
-        stats.batches += 1
-        plan = self.plan
-        aead = self._data_aead
-        assembly = self._assembly
-        if (
-            plan is None
-            or aead is None
-            or assembly is None
-            or self.state not in (ClientState.PROBING, ClientState.RECEIVING)
-        ):
-            for start in range(0, size, segment):
-                self._receive(data[start : min(start + segment, size)])
+        self.stats.batches += 1
+        if self._intake is None:
+            self.stats.forged += len(range(0, size, segment))  # no plan: none is ours
             return
-        sid = self.session_id
-        have = assembly.have
-        total = plan.total
-        first, ends, lengths, block = plan.first, plan.ends, plan.lengths, plan.block_size
-        unpack_from = DGRAM.unpack_from
-        decrypt_into = aead.decrypt_into
-        views = assembly.views
-        remaining = assembly.remaining
-        loss = self._loss
-        outstanding = loss.outstanding
-        pending = self._side.pending
-        datagrams = payload = forged = 0
-        seq_high = loss.seq_high
-        first_high = loss.first_high
-        for start in range(0, size, segment):
-            end = start + segment
-            if end > size:
-                end = size
-            if end - start < DGRAM_OVERHEAD:
-                forged += 1
-                continue
-            kind, flags, session, seq, ordinal = unpack_from(data, start)
-            length = end - start - DGRAM_OVERHEAD
-            if kind != DGRAM_DATA or session != sid or ordinal >= total or have[ordinal]:
-                pos = -1
-            else:
-                pos = bisect_right(first, ordinal) - 1
-                offset = (ordinal - first[pos]) * block
-                if length != (block if ordinal < ends[pos] - 1 else lengths[pos] - offset):
-                    pos = -1
-            if pos < 0:
-                # Not a new block that fits: the careful path (it may raise).
-                loss.seq_high, loss.first_high = seq_high, first_high
-                stats.datagrams += datagrams
-                stats.bytes += payload
-                stats.forged += forged
-                loss.received_interval += datagrams
-                datagrams = payload = forged = 0
-                self._receive(data[start:end])
-                seq_high, first_high = loss.seq_high, loss.first_high
-                continue
-            view = views.get(pos)
-            if view is None:
-                view = assembly.open(pos)
-            header_end = start + DGRAM_HEADER_LEN
-            try:
-                # Decrypts in place; on a bad tag the bytes written are garbage, but the
-                # block stays missing, so the authentic copy overwrites them.
-                decrypt_into(
-                    seq.to_bytes(12, "big"),
-                    data[header_end:end],
-                    data[start:header_end],
-                    view[offset : offset + length],
-                )
-            except InvalidTag:
-                forged += 1
-                continue
-            datagrams += 1
-            payload += length
-            if seq > seq_high:
-                seq_high = seq
-            have[ordinal] = 1
-            if self.state is ClientState.PROBING:
-                # Data may overtake PATH_OK (UDP vs TCP); an authentic block proves the path.
-                self.state = ClientState.RECEIVING
-                self._next_report = 0.0
-            if outstanding and outstanding.pop(ordinal, None) is not None:
-                loss.answered(ordinal, flags)
-            if not flags & FLAG_RETRANSMIT and ordinal > first_high:
-                first_high = ordinal
-            remaining[pos] -= 1
-            if remaining[pos] == 0:
-                pending.append(PieceReceived(plan.pieces[pos], assembly.complete(pos)))
-        loss.seq_high, loss.first_high = seq_high, first_high
-        stats.datagrams += datagrams
-        stats.bytes += payload
-        stats.forged += forged
-        loss.received_interval += datagrams
+        self._intake.receive_batch(data, size, segment, self._live())
 
     def receive_datagram(self, data: bytes | memoryview) -> None:
         """A datagram from the data socket. Forged ones are counted in ``stats.forged``."""
-        self._receive(memoryview(data))
+        if self._intake is None:
+            self.stats.forged += 1  # no plan: it is not ours
+            return
+        self._intake.receive(memoryview(data), self._live())
 
-    def _receive(self, data: memoryview) -> None:
-        plan = self.plan
-        aead = self._data_aead
-        assembly = self._assembly
-        stats = self.stats
-        if (
-            plan is None
-            or aead is None
-            or assembly is None
-            or len(data) < DGRAM_OVERHEAD
-            or data[0] != DGRAM_DATA
-            or data[2:10] != self.session_id
-        ):
-            stats.forged += 1
-            return
-        _, flags, _, seq, ordinal = DGRAM.unpack_from(data)
-        header = data[:DGRAM_HEADER_LEN]
-        nonce = seq.to_bytes(12, "big")
-        body = data[DGRAM_HEADER_LEN:]
-        state = self.state
-        if state is ClientState.PROBING:
-            # Data may overtake PATH_OK (UDP vs TCP); an authentic datagram proves the path.
-            state = ClientState.RECEIVING
-        if ordinal >= plan.total or assembly.have[ordinal] or state is not ClientState.RECEIVING:
-            # Not a block we want: authenticate it (to count forgeries) but keep nothing.
-            try:
-                aead.decrypt(nonce, body, header)
-            except InvalidTag:
-                stats.forged += 1
-                return
-            if ordinal >= plan.total:
-                raise RemoteProtocolError(f"block {ordinal} of {plan.total}")
-            self._count(seq, len(body) - TAG_LEN)
-            stats.duplicates += 1
-            return
-        pos, offset, length = plan.locate(ordinal)
-        if len(body) - TAG_LEN != length:
-            try:
-                aead.decrypt(nonce, body, header)
-            except InvalidTag:
-                stats.forged += 1
-                return
-            raise RemoteProtocolError(
-                f"block {ordinal} is {len(body) - TAG_LEN} bytes, not {length}"
-            )
-        view = assembly.views.get(pos)
-        if view is None:
-            view = assembly.open(pos)
-        try:
-            # Decrypts in place; on a bad tag the bytes written are garbage, but the block
-            # stays missing, so the authentic copy overwrites them.
-            aead.decrypt_into(nonce, body, header, view[offset : offset + length])
-        except InvalidTag:
-            stats.forged += 1
-            return
-        self._count(seq, length)
+    def _live(self) -> bool:
+        """Blocks are taken (else only authenticated and counted)."""
+        return self.state in (ClientState.PROBING, ClientState.RECEIVING)
+
+    def _path_proven(self) -> None:
+        """The first authentic block arrived: it proves the path, PATH_OK or not."""
         if self.state is ClientState.PROBING:
             self.state = ClientState.RECEIVING
             self._next_report = 0.0
-        assembly.have[ordinal] = 1
-        self._loss.arrived(ordinal, flags)
-        assembly.remaining[pos] -= 1
-        if assembly.remaining[pos] == 0:
-            self._side.pending.append(PieceReceived(plan.pieces[pos], assembly.complete(pos)))
 
     def recycle(self, data: bytes | bytearray) -> None:
         """The edge is done with a :class:`PieceReceived`'s buffer (checked, and copied or
@@ -476,12 +327,6 @@ class ClientSession:
         costs its zeroing and page faults, as much as decrypting into it."""
         if self._assembly is not None:
             self._assembly.recycle(data)
-
-    def _count(self, seq: int, payload: int) -> None:
-        stats = self.stats
-        stats.datagrams += 1
-        stats.bytes += payload
-        self._loss.counted(seq)
 
     def piece_checked(self, index: int, ok: bool) -> None:
         """The sink's verdict on a :class:`PieceReceived`; False re-requests the piece."""
@@ -581,7 +426,7 @@ class ClientSession:
 
     def _seal_probe(self) -> bytes:
         assert self._probe is not None
-        return bytes(self._probe.seal_datagram(DGRAM_PROBE, 0, self.session_id, 0, b""))
+        return seal_probe(self._probe, self.session_id)
 
     def _report(self, now: float, caught_up: bool = True) -> None:
         assembly = self._assembly

@@ -7,19 +7,23 @@ datagrams to :meth:`~ServerSession.receive_datagram`, and asks
 equal-size datagrams sealed back to back in one buffer, which one ``sendmsg`` with
 ``UDP_SEGMENT`` turns into MTU-sized datagrams in the kernel. Nothing here runs once per
 datagram but the sealing itself.
+
+The handshake and the PROBE check: :mod:`swarm.udp.handshake`; which blocks go out and their
+sealing: :mod:`swarm.udp.blast`; what is left to send: :mod:`swarm.udp.schedule`; batch
+buffers: :mod:`swarm.udp.batch`.
 """
 
 from __future__ import annotations
 
 import enum
-import hmac
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from swarm.udp.batch import Batch, BatchPool, buffer_size
+from swarm.udp.blast import fill_batches
 from swarm.udp.control import ControlChannel
-from swarm.udp.crypto import AESGCM, FleetKey, InvalidTag, Sealer, SessionKeys, nonce
+from swarm.udp.crypto import AESGCM, FleetKey, Sealer
 from swarm.udp.events import (
     Authenticated,
     Event,
@@ -28,23 +32,17 @@ from swarm.udp.events import (
     PeerError,
     TransferDone,
 )
+from swarm.udp.handshake import Probe, ProbeCheck, ServerHandshake
 from swarm.udp.rate import MIN_RATE_BPS, Pacer, RateFeedback, start_rate
 from swarm.udp.request import pack_accept, parse_request
 from swarm.udp.schedule import SendSchedule
 from swarm.udp.wire import (
     BYE,
-    DGRAM_HEADER_LEN,
     DGRAM_OVERHEAD,
-    DGRAM_PROBE,
-    FLAG_RETRANSMIT,
-    MAX_CONTROL_FRAME,
     MAX_NAKS_PER_REPORT,
     MIN_BLOCK_SIZE,
-    NONCE_LEN,
     PROGRESS,
     REPORT,
-    VERSION_MAGIC,
-    AuthenticationError,
     BlockPlan,
     LocalProtocolError,
     Msg,
@@ -105,15 +103,12 @@ class ServerSession:
         max_batch_bytes: int = 65000,
         wake_bytes: int = 0,
     ) -> None:
-        if len(server_nonce) != NONCE_LEN:
-            raise LocalProtocolError(f"server nonce must be {NONCE_LEN} bytes")
+        self._handshake = ServerHandshake(key, server_nonce)
         if rate_cap_bps < MIN_RATE_BPS:
             raise LocalProtocolError(f"rate_cap_bps must be >= {MIN_RATE_BPS}, got {rate_cap_bps}")
         if max_batch_segments < 1:
             raise LocalProtocolError(f"max_batch_segments must be >= 1, got {max_batch_segments}")
         self._side = ControlChannel()
-        self._key = key
-        self._nonce = server_nonce
         self.peer_ip = peer_ip
         self.rate_cap = float(rate_cap_bps)
         self.state = ServerState.AWAIT_HELLO
@@ -123,11 +118,8 @@ class ServerSession:
         self.max_batch_segments = max_batch_segments
         self.max_batch_bytes = max_batch_bytes
         self.wake_bytes = wake_bytes
-        self._transcript = b""
-        self._keys: SessionKeys | None = None
         self._data: Sealer | None = None
-        self._probe_aead: AESGCM | None = None
-        self._probe_seq = -1
+        self._probes: ProbeCheck | None = None
         self._early_path: tuple[str, int] | None = None
         """Where an authentic PROBE came from before accept() (see ``FIRST_PROBE_AFTER``)."""
         self._plan: BlockPlan | None = None
@@ -186,31 +178,13 @@ class ServerSession:
             self.state = ServerState.DONE
             return
         if self.state is ServerState.AWAIT_HELLO:
-            if kind != Msg.HELLO or len(body) != len(VERSION_MAGIC) + NONCE_LEN:
-                raise RemoteProtocolError("expected HELLO")
-            if not body.startswith(VERSION_MAGIC):
-                raise RemoteProtocolError(
-                    f"unsupported protocol version (want {VERSION_MAGIC.decode()})"
-                )
-            self._transcript = body + self._nonce
-            self._keys = self._key.session_keys(body[len(VERSION_MAGIC) :], self._nonce)
-            side.send_plain(
-                Msg.CHALLENGE, self._nonce + self._key.proof(b"server", self._transcript)
-            )
+            side.send_plain(Msg.CHALLENGE, self._handshake.challenge(kind, body))
             self.state = ServerState.AWAIT_AUTH
         elif self.state is ServerState.AWAIT_AUTH:
-            if kind != Msg.AUTH or len(body) != 32:
-                raise RemoteProtocolError("expected AUTH")
-            expected = self._key.proof(b"client", self._transcript)
-            if not hmac.compare_digest(body, expected):
-                raise AuthenticationError("authentication failed: wrong fleet secret")
-            keys = self._keys
-            assert keys is not None
-            side.send_ctl = Sealer(keys.control_s2c)
-            side.recv_ctl = Sealer(keys.control_c2s)
-            side.frames.limit = MAX_CONTROL_FRAME
+            keys = self._handshake.check_auth(kind, body)
+            side.use_keys(keys.control_s2c, keys.control_c2s)
             self._data = Sealer(keys.data_s2c)
-            self._probe_aead = AESGCM(keys.data_c2s)
+            self._probes = ProbeCheck(AESGCM(keys.data_c2s), keys.session_id, self.peer_ip)
             self.session_id = keys.session_id
             self.state = ServerState.AWAIT_REQUEST
             side.pending.append(Authenticated(self.session_id))
@@ -340,31 +314,15 @@ class ServerSession:
 
     # data channel
     def receive_datagram(self, data: bytes | memoryview, addr: tuple[str, int]) -> bool:
-        """A datagram whose session id is ours. False (and counted) if it is not authentic."""
-        if (
-            self._probe_aead is None
-            or len(data) != DGRAM_OVERHEAD
-            or data[0] != DGRAM_PROBE
-            or data[2:10] != self.session_id
-        ):
+        """A datagram whose session id is ours. False (and counted) if it is not authentic
+        (:class:`~swarm.udp.handshake.ProbeCheck`)."""
+        probes = self._probes
+        verdict = Probe.FORGED if probes is None else probes.check(data, addr)
+        if verdict is Probe.FORGED:
             self.stats.forged += 1
             return False
-        seq = int.from_bytes(data[10:18], "big")
-        try:
-            self._probe_aead.decrypt(
-                nonce(seq), bytes(data[DGRAM_HEADER_LEN:]), bytes(data[:DGRAM_HEADER_LEN])
-            )
-        except InvalidTag:
-            self.stats.forged += 1
-            return False
-        if seq <= self._probe_seq:
-            return True  # a duplicate or replayed probe: authentic but stale
-        self._probe_seq = seq
-        if addr[0] != self.peer_ip:
-            # Sealed with our key but from another IP: a replay by someone on the path. Data
-            # only ever goes to the IP whose TCP handshake proved it can receive there.
-            self.stats.forged += 1
-            return False
+        if verdict is Probe.STALE:
+            return True
         if self.state in (ServerState.AWAIT_REQUEST, ServerState.DECIDING):
             self._early_path = addr  # sent with AUTH: the path is validated on accept()
         elif self.data_addr != addr and self.state in (
@@ -435,8 +393,7 @@ class ServerSession:
         ``max_batches`` batches), for :attr:`data_addr`, as :class:`Batch` es. Empty until
         the UDP path is validated. Tokens left over stay for the next call.
 
-        The first pass is sealed in runs of one piece's full-size blocks straight into the
-        batch buffer: per datagram, one header ``pack_into`` and one AEAD call."""
+        The datagrams are chosen and sealed by :func:`~swarm.udp.blast.fill_batches`."""
         schedule = self._schedule
         sealer = self._data
         if self.state is not ServerState.SENDING or schedule is None or sealer is None:
@@ -444,83 +401,24 @@ class ServerSession:
         plan = schedule.plan
         pacer = self._pacer
         tokens = pacer.refill(now)
-        sid = self.session_id
-        loaded = schedule.loaded
-        retx = schedule.retx
-        pieces = plan.pieces
-        block = plan.block_size
-        wire_block = block + DGRAM_OVERHEAD
+        wire_block = plan.block_size + DGRAM_OVERHEAD
         capacity = self._buffer_size(plan) // wire_block
         out = self._pool.writer(capacity, wire_block, max_batches)
-        sent = retransmits = sent_bytes = 0
-        retx_waits = False
-        while sent < limit:
-            if retx and not retx_waits:
-                ordinal, flags = retx[0], FLAG_RETRANSMIT
-            elif schedule.first_pass_ordinal() < plan.total:
-                ordinal, flags = schedule.next_ordinal, 0
-            else:
-                if retx_waits:
-                    self._blocked = True
-                elif not self._pass_done_sent:
-                    self._send_progress(0)
-                break
-            pos, offset, length = plan.locate(ordinal)
-            piece = loaded.get(pieces[pos])
-            if piece is None:
-                self._want_pieces()
-                if flags:
-                    # The piece of the next retransmission is loading (it left the cache):
-                    # meanwhile the first pass goes on, rather than the link going idle.
-                    retx_waits = True
-                    continue
-                # Wait for piece_loaded() (next_timer is None meanwhile: no busy loop).
-                self._blocked = True
-                break
-            size = length + DGRAM_OVERHEAD
-            if tokens < size - 1:  # 1 byte of slack for float rounding
-                break
-            if not out.make_room(size):
-                break
-            if flags or length != block:
-                # One datagram: a retransmission, or a piece's short last block.
-                tokens -= size
-                if flags:
-                    schedule.retransmitted(ordinal, pieces[pos])
-                    retransmits += 1
-                else:
-                    schedule.next_ordinal += 1
-                out.seal(sealer, flags, sid, ordinal, piece[offset : offset + length])
-                sent += 1
-                sent_bytes += size
-                if length != block:
-                    # A short datagram can only end a GSO batch.
-                    out.close()
-                    if out.done:
-                        break
-                continue
-            # A run of first-pass full blocks of this piece, as many as tokens, the batch
-            # and the piece allow (a piece's last block may be short: not in the run).
-            full_end = plan.ends[pos] - (1 if plan.lengths[pos] % block else 0)
-            run = min(
-                full_end - ordinal,
-                int((tokens + 1) // wire_block),
-                capacity - out.count,
-                limit - sent,
-            )
-            out.seal_run(sealer, sid, ordinal, piece, offset, block, run)
-            schedule.next_ordinal = ordinal + run
-            tokens -= run * wire_block
-            sent += run
-            sent_bytes += run * wire_block
+        fill = fill_batches(
+            schedule, sealer, self.session_id, tokens, out, limit, self._want_pieces
+        )
+        if fill.blocked:
+            self._blocked = True
+        elif fill.drained and not self._pass_done_sent:
+            self._send_progress(0)
         batches = out.finish()
-        pacer.tokens = tokens
+        pacer.tokens = fill.tokens
         stats = self.stats
-        stats.datagrams += sent
-        stats.bytes += sent_bytes
-        stats.retransmits += retransmits
+        stats.datagrams += fill.sent
+        stats.bytes += fill.sent_bytes
+        stats.retransmits += fill.retransmits
         stats.batches += len(batches)
-        if sent and schedule.short_ahead():
+        if fill.sent and schedule.short_ahead():
             self._want_pieces()
             schedule.evict()
         return batches
