@@ -4,15 +4,15 @@
 the background when none answers on ``$SWARM_HOME/daemon.sock``. The daemon keeps
 seeding whatever it holds: that is how existing instances seed new ones.
 
-Its roles, a module each: the artifact registry (:mod:`.registry`), sources as
-supervised tasks (:mod:`.sourcetasks`, :mod:`.supervisor`, with the S3 reader
-:mod:`.origin` and the UDP sources :mod:`.udpauto` and :mod:`.udpsource`), the
-whole-file hash and DEST (:mod:`.finisher`, run for each artifact by
-:mod:`.completion`), status (:mod:`.status`), the local API (:mod:`.api`),
-the reporter (:mod:`.reporter`), the peer filter kept to the fleet's members
+Its roles, a module each: the artifact registry (:mod:`.registry`), what a start takes
+over from earlier runs (:mod:`.restore`), sources as supervised tasks
+(:mod:`.sourcetasks`, :mod:`.supervisor`, with the S3 reader :mod:`.origin` and the UDP
+sources :mod:`.udpauto` and :mod:`.udpsource`), the whole-file hash and DEST
+(:mod:`.finisher`, run for each artifact by :mod:`.completion`), status (:mod:`.status`),
+the local API (:mod:`.api`), the reporter (:mod:`.reporter`) and the coordinator's plans
+it brings (:mod:`.plans`), the peer filter kept to the fleet's members
 (:mod:`.membership`), what the UDP server sees of the pieces held (:mod:`.held`) and the
-process (:mod:`.serve`).
-This module ties them together.
+process (:mod:`.serve`). This module ties them together.
 
 State under ``SWARM_HOME``::
 
@@ -27,13 +27,10 @@ State under ``SWARM_HOME``::
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import os
-import secrets
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,20 +47,21 @@ from swarm.agent.held import udp_secret
 from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
 from swarm.agent.membership import Membership
-from swarm.agent.origin import PLAN_TTL
 from swarm.agent.pieceserver import pieces_port
+from swarm.agent.plans import take_plans
 from swarm.agent.registry import Artifact
+from swarm.agent.restore import node_id, restore
 from swarm.agent.sourcetasks import AUTO_UDP, start_source
 from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
 from swarm.config import Settings, coordinator_urls
-from swarm.errors import DestBusyError, NoSpaceError, SwarmError, UsageError
+from swarm.errors import DestBusyError, SwarmError, UsageError
 from swarm.fleetauth import fleet_token
 from swarm.manifest import Manifest
-from swarm.messages import ArtifactStatus, FetchRequest, OriginPlan
+from swarm.messages import ArtifactStatus, FetchRequest
 from swarm.s3http import S3Client
 from swarm.sources import peertrace
-from swarm.sources.ltsettings import AMONG_SEEDERS_SETTINGS, DEFAULT_PORT
+from swarm.sources.ltsettings import DEFAULT_PORT
 from swarm.sources.peers import TorrentSession
 
 log = logging.getLogger(__name__)
@@ -78,30 +76,6 @@ DROPPED_KEPT = 64
 STOP_BUDGET = 8.0
 """Seconds a stopping daemon gives libtorrent to save resume data (systemd's default
 stop timeout is 90 s; a fetch's CLI waits for its daemon's answer meanwhile)."""
-
-
-def node_id(home: Path) -> str:
-    """This node's stable id; a fresh one if the file is missing, empty or unreadable
-    (written atomically, so a full disk cannot leave an empty id behind)."""
-    path = home / "node_id"
-    with contextlib.suppress(OSError):
-        existing = path.read_text().strip()
-        if existing:
-            return existing
-    new = secrets.token_hex(8)
-    tmp = path.with_name("node_id.tmp")
-    try:
-        tmp.write_text(new)
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        if error.errno == errno.ENOSPC:
-            raise NoSpaceError(
-                f"swarm: no space left in SWARM_HOME {home} to write the node id (ENOSPC); "
-                "free some space"
-            ) from error
-        raise SwarmError(f"swarm: cannot write {path}: {error.strerror}") from error
-    return new
 
 
 class Daemon:
@@ -193,49 +167,8 @@ class Daemon:
         return seedershare.PieceAccess(port, self.token)
 
     def restore(self, clean: bool = True) -> None:
-        """Seed again everything held before a restart (resume data spares a re-download;
-        after an unclean stop, ``clean`` False, the data files are hashed instead). An
-        artifact whose file is gone is forgotten, not advertised."""
-        for path in sorted((self.home / "artifacts").glob("*.swarm")):
-            try:
-                manifest = Manifest.loads(path.read_bytes(), origin=str(path))
-            except SwarmError as error:
-                log.warning("skipping %s: %s", path, error)
-                continue
-            try:
-                data_path, dest, verified = registry.load_record(self.home, manifest)
-            except registry.FileReplacedError as replaced:
-                log.warning(
-                    "not seeding %s: %s was replaced while the daemon was stopped",
-                    manifest.name,
-                    replaced,
-                )
-                registry.forget_record(self.home, manifest.info_hash)
-                continue
-            if not data_path.exists():
-                log.warning("not seeding %s: its data %s is gone", manifest.name, data_path)
-                registry.forget_record(self.home, manifest.info_hash)
-                self.session.resume_dir.joinpath(f"{manifest.info_hash}.resume").unlink(
-                    missing_ok=True
-                )
-                continue
-            # An unfinished fetch may hold pieces the S3 reader wrote itself (direct.py),
-            # which libtorrent's resume data does not list: have it check the file.
-            artifact = self._add(
-                manifest,
-                data_path,
-                dest,
-                {"peers"},
-                trust_resume=clean and verified,
-                verified=verified,
-            )
-            artifact.restored = True
-            artifact.was_verified = verified
-            if dest is not None and not verified:  # a fetch into DEST was under way
-                lock = DestLock(dest, self._lock_owner(manifest))
-                artifact.lock = lock if lock.try_acquire() else None
-            self.completion.start(artifact)
-            log.info("restored %s (%s) from %s", manifest.name, manifest.info_hash, data_path)
+        """Seed again everything held before a restart (:func:`.restore.restore`)."""
+        restore(self, clean)
 
     def _add(
         self,
@@ -471,30 +404,8 @@ class Daemon:
             self.membership.take(members)
 
     def take_plans(self, plans: dict[str, Any], interval: float = 1.0) -> None:
-        """Take the coordinator's plans; one stays fresh for three report intervals (the
-        coordinator stretches the interval as the fleet grows)."""
-        now = time.monotonic()
-        for info_hash, body in plans.items():
-            artifact = self.artifacts.get(info_hash)
-            plan = OriginPlan.from_json(body)
-            if artifact is not None and plan is not None:
-                if artifact.plan is None or artifact.plan.mode != plan.mode:
-                    log.info("%s: the coordinator's plan is now %s",
-                             artifact.manifest.name, plan.mode)  # fmt: skip
-                artifact.plan, artifact.plan_at = plan, now
-                if plan.holders:
-                    started_beside = not artifact.seeders and artifact.fetching
-                    artifact.seeders = plan.holders
-                    if started_beside:
-                        artifact.tune_while_fetching(self.session.tuned(AMONG_SEEDERS_SETTINGS))
-                        seedershare.start(
-                            self.session, artifact, self.listen_ip, self.piece_access()
-                        )
-                    artifact.seeders_named.set()
-                if plan.peers:
-                    self.session.dial(info_hash, plan.peers)
-                artifact.plan_ttl = max(PLAN_TTL, 3 * interval)
-                artifact.plan_updated.set()
+        """Take the coordinator's plans (:func:`.plans.take_plans`)."""
+        take_plans(self, plans, interval)
 
     def fetching(self) -> bool:
         """Some artifact is being fetched (not yet verified, not failed or cancelled)."""

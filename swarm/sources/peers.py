@@ -4,14 +4,15 @@ Settings are one dict (``session_settings``, in :mod:`swarm.sources.ltsettings`)
 thread pops alerts and turns them into our own events (a finished piece, a finished
 torrent, resume data to save); statuses arrive as ``state_update_alert``
 (``post_torrent_updates``), never by polling ``status()`` in a sleep loop. Resume data
-is written atomically (temp, fsync, rename).
+is written atomically (temp, fsync, rename). What each alert means is
+:mod:`swarm.sources.alerts`; the ip filter (the fleet's members, the seeders held off)
+is :mod:`swarm.sources.peerfilter`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -24,7 +25,9 @@ import libtorrent as lt
 
 from swarm.manifest import Manifest
 from swarm.sources import peertrace
+from swarm.sources.alerts import AlertDispatch
 from swarm.sources.ltsettings import DISK_IO, session_settings
+from swarm.sources.peerfilter import PeerFilter
 from swarm.sources.torrentstate import CHECKING, TorrentState
 from swarm.tree import tree_renames
 
@@ -45,15 +48,6 @@ def strip_web_seeds(torrent: bytes) -> lt.torrent_info:
     meta.pop(b"url-list", None)
     meta.pop(b"httpseeds", None)
     return lt.torrent_info(meta)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
 
 
 FLUSH_TIMEOUT = 30.0
@@ -88,11 +82,19 @@ class TorrentSession:
         filter (:meth:`admit_only`) refused: a node this one does not know as a member
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
-        self._admitted: list[str] | None = None  # admit_only's addresses (None: everyone)
-        self._held_off: dict[str, frozenset[str]] = {}  # hold_off's, by torrent
+        self.peer_filter = PeerFilter(self.session)
         self._lock = threading.Lock()
         self._tunings: list[Mapping[str, int | bool]] = []  # held by tuned(), oldest first
         self._own_settings: dict[str, int | bool] = {}  # before any tuning, of keys tuned
+        self._alerts = AlertDispatch(
+            self.torrents,
+            self._lock,
+            resume_dir,
+            held_off=self.held_off,
+            on_blocked=lambda ip: self.on_blocked(ip),
+            save_resume=self.save_resume,
+            announce_owed=self._announce_owed,
+        )
         self._running = True
         self._thread = threading.Thread(target=self._alert_loop, name="lt-alerts", daemon=True)
         self._thread.start()
@@ -211,18 +213,6 @@ class TorrentSession:
         state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
         return future
 
-    def _checked(self, state: TorrentState, now: Any) -> None:
-        """The torrent entered the state ``now``: out of checking, the pieces deferred
-        meanwhile go to libtorrent (in the alert thread, as ``state_changed_alert``s come,
-        in order: a status snapshot may be older than a recheck)."""
-        with self._lock:
-            state.checking = now in CHECKING
-            if state.checking:
-                return
-            deferred, state.deferred = state.deferred, {}
-        for index, data in deferred.items():
-            state.handle.add_piece(index, data, lt.add_piece_flags_t.overwrite_existing)
-
     def flush(self, info_hash: str, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Wait until every piece libtorrent holds now is written to the file (readable by
         another process or thread); False on timeout, with a warning (a fetch that never
@@ -323,43 +313,15 @@ class TorrentSession:
         (self.resume_dir / f"{info_hash}.resume").unlink(missing_ok=True)
 
     def admit_only(self, addresses: list[str]) -> None:
-        """Let peer connections (both ways) only to and from ``addresses``: the fleet's
-        authenticated members. Trackers are exempt (``apply_ip_filter_to_trackers`` off):
-        the coordinator authenticates those requests itself."""
-        with self._lock:
-            self._admitted = list(addresses)
-            self._apply_filter()
+        """:meth:`PeerFilter.admit_only`: peers to and from ``addresses`` only."""
+        self.peer_filter.admit_only(addresses)
 
     def hold_off(self, info_hash: str, addresses: Iterable[str]) -> None:
-        """Close the peer connections to and from ``addresses`` and refuse new ones, until
-        ``info_hash``'s fetch calls again without them (the seeders, once this node's share
-        of the pieces only they hold is in: :mod:`swarm.agent.seedershare`). The filter is
-        the session's, every torrent's: addresses a fetch holds off are held off for all."""
-        held = frozenset(addresses)
-        with self._lock:
-            if held == self._held_off.get(info_hash, frozenset()):
-                return
-            if held:
-                self._held_off[info_hash] = held
-            else:
-                self._held_off.pop(info_hash, None)
-            self._apply_filter()
+        """:meth:`PeerFilter.hold_off`: no peers to and from ``addresses`` meanwhile."""
+        self.peer_filter.hold_off(info_hash, addresses)
 
     def held_off(self, address: str) -> bool:
-        return any(address in held for held in list(self._held_off.values()))
-
-    def _apply_filter(self) -> None:
-        """libtorrent's ip filter from :meth:`admit_only`'s and :meth:`hold_off`'s
-        addresses (under the lock)."""
-        rules = lt.ip_filter()
-        if self._admitted is not None:
-            rules.add_rule("0.0.0.0", "255.255.255.255", 1)  # 1 = blocked
-            rules.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
-            for address in self._admitted:
-                rules.add_rule(address, address, 0)
-        for address in set().union(*self._held_off.values()):
-            rules.add_rule(address, address, 1)
-        self.session.set_ip_filter(rules)
+        return self.peer_filter.held_off(address)
 
     def dial(self, info_hash: str, addresses: tuple[tuple[str, int], ...]) -> None:
         """Connect ``info_hash``'s torrent to these peers now (libtorrent skips those it
@@ -396,7 +358,7 @@ class TorrentSession:
         libtorrent drops a forced announce meanwhile (``can_announce``: not
         ``updating``), and the answer to that one sets the next a whole interval on
         (seen in CI: a member named while the first announce's answer was on its way).
-        Called again at each tracker answer (``_dispatch``)."""
+        Called again at each tracker answer (:mod:`.alerts`)."""
         with contextlib.suppress(RuntimeError):  # a handle removed meanwhile
             if not state.announce_owed or TorrentSession.announce_unanswered(state.handle):
                 return
@@ -411,16 +373,6 @@ class TorrentSession:
             flags |= lt.torrent_handle.flush_disk_cache
         state.handle.save_resume_data(flags)
 
-    def _finishing(self, state: TorrentState) -> None:
-        """All pieces are in: flush them to the file, then say finished (and save resume
-        data). ``save_resume_data``'s own flush flag is not a fence: its alert comes
-        before the writes are done."""
-        if not state.finishing:
-            state.finishing = True
-            with state.flushes:
-                state.flush_requested += 1
-            state.handle.flush_cache()
-
     def close(self, timeout: float = 5.0) -> None:
         """Save resume data for every torrent, then stop the session."""
         states = list(self.torrents.values())
@@ -434,17 +386,6 @@ class TorrentSession:
         self.session.pause()
 
     # -- the alert loop -------------------------------------------------------------------
-
-    def _state_of(self, handle: Any) -> TorrentState | None:
-        """The state of the torrent an alert is about; None if it is gone, or if the alert
-        is about an earlier handle of the same info-hash (a verified file is handed to a
-        new handle in seed mode, :meth:`swarm.agent.completion.Completion._adopt`): an
-        error that the old one's last disk job raised is not the new one's."""
-        try:
-            state = self.torrents.get(str(handle.info_hashes().v1))
-        except RuntimeError:  # the handle is gone
-            return None
-        return state if state is not None and state.handle == handle else None
 
     def _alert_loop(self) -> None:
         last_update = last_trace = 0.0
@@ -461,7 +402,7 @@ class TorrentSession:
                 continue
             for alert in self.session.pop_alerts():
                 try:
-                    self._dispatch(alert)
+                    self._alerts.dispatch(alert)
                 except Exception:  # one bad alert must not kill the session's loop
                     log.exception("error handling %s", type(alert).__name__)
 
@@ -475,110 +416,3 @@ class TorrentSession:
             except RuntimeError:  # the handle went meanwhile
                 continue
             peertrace.log.info("trace %s: %s", state.info_hash[:8], line)
-
-    def _dispatch(self, alert: Any) -> None:
-        if isinstance(alert, lt.state_update_alert):
-            for status in alert.status:
-                state = self._state_of(status.handle)
-                if state:
-                    state.status = status
-                    if len(state.held) < status.num_pieces:
-                        state.held.update(i for i, held in enumerate(status.pieces) if held)
-                        state.note_arrival()  # pieces from a check, or alerts dropped
-                    if status.is_seeding:  # also covers a torrent restored complete
-                        self._finishing(state)
-            return
-        if isinstance(alert, lt.state_changed_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                self._checked(state, alert.state)
-            return
-        if isinstance(alert, lt.piece_finished_alert | lt.hash_failed_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                if isinstance(alert, lt.piece_finished_alert):
-                    state.held.add(alert.piece_index)
-                    state.note_arrival()
-                    if state.all_held():
-                        self._finishing(state)
-                with self._lock:
-                    future = state.pending.pop(alert.piece_index, None)
-                if future and not future.done():
-                    future.set_result(isinstance(alert, lt.piece_finished_alert))
-            if isinstance(alert, lt.hash_failed_alert):
-                if state:
-                    state.peer_hash_failures += 1
-                log.warning("piece %d failed its hash check", alert.piece_index)
-            return
-        if isinstance(alert, lt.peer_blocked_alert):
-            if alert.reason == lt.reason_t.ip_filter and not self.held_off(alert.ip[0]):
-                self.on_blocked(alert.ip[0])  # (address, port), as for every peer alert
-            return
-        if isinstance(alert, lt.peer_ban_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                state.peers_banned += 1
-            log.warning("banned a peer: %s", alert.message())
-            return
-        if isinstance(alert, lt.torrent_finished_alert):
-            state = self._state_of(alert.handle)
-            # libtorrent's "finished" is every piece it *wants*: pieces held back from
-            # peers while S3 reads them (priority 0, :meth:`hold_back`) are not, and the
-            # file was hashed before they were in it. The last piece's alert finishes.
-            if state and state.all_held():
-                self._finishing(state)
-            return
-        if isinstance(alert, lt.cache_flushed_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                with state.flushes:
-                    state.flush_done += 1
-                    state.flushes.notify_all()
-                if state.finishing and not state.finished.is_set():
-                    state.status = state.handle.status()  # final counters, not 0.5 s old ones
-                    state.finished.set()
-                    state.note_arrival()
-                    self.save_resume(state.info_hash)
-            return
-        if isinstance(alert, lt.file_renamed_alert | lt.file_rename_failed_alert):
-            state = self._state_of(alert.handle)
-            if state and state.renamed is not None and not state.renamed.done():
-                failed = isinstance(alert, lt.file_rename_failed_alert)
-                state.renamed.set_result(alert.message() if failed else None)
-            return
-        if isinstance(alert, lt.torrent_paused_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                state.paused.set()
-            return
-        if isinstance(alert, lt.save_resume_data_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                blob = lt.write_resume_data_buf(alert.params)
-                write_atomically(self.resume_dir / f"{state.info_hash}.resume", blob)
-                state.resume_saved.set()
-            return
-        if isinstance(alert, lt.save_resume_data_failed_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                state.resume_saved.set()
-            return
-        if isinstance(alert, lt.torrent_error_alert | lt.file_error_alert):
-            state = self._state_of(alert.handle)
-            if state:
-                state.error = alert.message()
-                state.error_errno = alert.error.value()
-            log.error("%s", alert.message())
-            return
-        if isinstance(alert, lt.tracker_reply_alert | lt.tracker_error_alert):
-            state = self._state_of(alert.handle)
-            if state and state.announce_owed:
-                self._announce_owed(state)
-            if isinstance(alert, lt.tracker_error_alert):
-                log.info("tracker: %s", alert.message())
-            return
-        if isinstance(alert, lt.session_stats_alert):  # asked for by the peers trace only
-            peertrace.log.info("session: %s", peertrace.describe_waste(alert.values))
-            return
-        if alert.category() & lt.alert.category_t.error_notification:
-            log.warning("%s", alert.message())
