@@ -38,6 +38,7 @@ from typing import Any
 import libtorrent as lt
 
 from swarm import catalog
+from swarm.agent import plans as coordinator_plans
 from swarm.agent import registry, seedershare, treefs
 from swarm.agent.catchup import CATCH_UP_SETTINGS, CatchUp
 from swarm.agent.completion import Completion
@@ -48,9 +49,8 @@ from swarm.agent.hybrid import TorrentSink
 from swarm.agent.linkcount import SentUploads, interface_counter, interface_for
 from swarm.agent.membership import Membership
 from swarm.agent.pieceserver import pieces_port
-from swarm.agent.plans import take_plans
 from swarm.agent.registry import Artifact
-from swarm.agent.restore import node_id, restore
+from swarm.agent.restore import held_records, node_id
 from swarm.agent.sourcetasks import AUTO_UDP, start_source
 from swarm.agent.status import describe
 from swarm.agent.store import ensure_space
@@ -167,8 +167,29 @@ class Daemon:
         return seedershare.PieceAccess(port, self.token)
 
     def restore(self, clean: bool = True) -> None:
-        """Seed again everything held before a restart (:func:`.restore.restore`)."""
-        restore(self, clean)
+        """Seed again everything held before a restart (resume data spares a re-download;
+        after an unclean stop, ``clean`` False, the data files are hashed instead): the
+        records :func:`.restore.held_records` finds still backed by their data."""
+        for held in held_records(self.home, lambda: self.session.resume_dir):
+            manifest = held.manifest
+            # An unfinished fetch may hold pieces the S3 reader wrote itself (direct.py),
+            # which libtorrent's resume data does not list: have it check the file.
+            artifact = self._add(
+                manifest,
+                held.data_path,
+                held.dest,
+                {"peers"},
+                trust_resume=clean and held.verified,
+                verified=held.verified,
+            )
+            artifact.restored = True
+            artifact.was_verified = held.verified
+            if held.dest is not None and not held.verified:  # a fetch into DEST was under way
+                lock = DestLock(held.dest, self._lock_owner(manifest))
+                artifact.lock = lock if lock.try_acquire() else None
+            self.completion.start(artifact)
+            log.info("restored %s (%s) from %s", manifest.name, manifest.info_hash,
+                     held.data_path)  # fmt: skip
 
     def _add(
         self,
@@ -405,7 +426,7 @@ class Daemon:
 
     def take_plans(self, plans: dict[str, Any], interval: float = 1.0) -> None:
         """Take the coordinator's plans (:func:`.plans.take_plans`)."""
-        take_plans(self, plans, interval)
+        coordinator_plans.take_plans(self, plans, interval)
 
     def fetching(self) -> bool:
         """Some artifact is being fetched (not yet verified, not failed or cancelled)."""

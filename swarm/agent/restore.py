@@ -1,5 +1,6 @@
 """What a starting daemon takes over from its earlier runs under ``SWARM_HOME``: its
-node id (:func:`node_id`) and the artifacts it held, seeded again (:func:`restore`).
+node id (:func:`node_id`) and the records of the artifacts it held (:func:`held_records`),
+which ``Daemon.restore`` seeds again.
 
 Separate from :mod:`.daemon` because it runs once, at start, and reads what a previous
 process left behind (records, resume data, data files that may be gone or replaced
@@ -13,16 +14,13 @@ import errno
 import logging
 import os
 import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from swarm.agent import registry
-from swarm.agent.destlock import DestLock
 from swarm.errors import NoSpaceError, SwarmError
 from swarm.manifest import Manifest
-
-if TYPE_CHECKING:
-    from swarm.agent.daemon import Daemon
 
 log = logging.getLogger("swarm.agent.daemon")  # the daemon's log, as before the split
 
@@ -51,47 +49,41 @@ def node_id(home: Path) -> str:
     return new
 
 
-def restore(daemon: Daemon, clean: bool = True) -> None:
-    """Seed again everything held before a restart (resume data spares a re-download;
-    after an unclean stop, ``clean`` False, the data files are hashed instead). An
-    artifact whose file is gone is forgotten, not advertised."""
-    for path in sorted((daemon.home / "artifacts").glob("*.swarm")):
+@dataclass(frozen=True)
+class HeldRecord:
+    """An artifact a previous run held, as its record under ``SWARM_HOME`` says."""
+
+    manifest: Manifest
+    data_path: Path
+    dest: Path | None
+    verified: bool
+    """The whole file matched the manifest before the stop (else a fetch was under way)."""
+
+
+def held_records(home: Path, resume_dir: Callable[[], Path]) -> Iterator[HeldRecord]:
+    """The artifacts held before a restart whose data is still there. A record that does
+    not load is skipped; one whose file was replaced while the daemon was stopped, or
+    whose data is gone, is forgotten (with its resume data, under ``resume_dir()``), not
+    advertised."""
+    for path in sorted((home / "artifacts").glob("*.swarm")):
         try:
             manifest = Manifest.loads(path.read_bytes(), origin=str(path))
         except SwarmError as error:
             log.warning("skipping %s: %s", path, error)
             continue
         try:
-            data_path, dest, verified = registry.load_record(daemon.home, manifest)
+            data_path, dest, verified = registry.load_record(home, manifest)
         except registry.FileReplacedError as replaced:
             log.warning(
                 "not seeding %s: %s was replaced while the daemon was stopped",
                 manifest.name,
                 replaced,
             )
-            registry.forget_record(daemon.home, manifest.info_hash)
+            registry.forget_record(home, manifest.info_hash)
             continue
         if not data_path.exists():
             log.warning("not seeding %s: its data %s is gone", manifest.name, data_path)
-            registry.forget_record(daemon.home, manifest.info_hash)
-            daemon.session.resume_dir.joinpath(f"{manifest.info_hash}.resume").unlink(
-                missing_ok=True
-            )
+            registry.forget_record(home, manifest.info_hash)
+            resume_dir().joinpath(f"{manifest.info_hash}.resume").unlink(missing_ok=True)
             continue
-        # An unfinished fetch may hold pieces the S3 reader wrote itself (direct.py),
-        # which libtorrent's resume data does not list: have it check the file.
-        artifact = daemon._add(
-            manifest,
-            data_path,
-            dest,
-            {"peers"},
-            trust_resume=clean and verified,
-            verified=verified,
-        )
-        artifact.restored = True
-        artifact.was_verified = verified
-        if dest is not None and not verified:  # a fetch into DEST was under way
-            lock = DestLock(dest, daemon._lock_owner(manifest))
-            artifact.lock = lock if lock.try_acquire() else None
-        daemon.completion.start(artifact)
-        log.info("restored %s (%s) from %s", manifest.name, manifest.info_hash, data_path)
+        yield HeldRecord(manifest, data_path, dest, verified)

@@ -4,7 +4,7 @@ and the seeders a fetch holds off (``hold_off``, :mod:`swarm.agent.seedershare`)
 
 Separate from :class:`swarm.sources.peers.TorrentSession` because the filter is the
 session's, every torrent's, set by two parts of the daemon for their own reasons; its
-state is its own (under its own lock), and libtorrent hears of it as one ip filter.
+state is its own (changed under its own lock), and libtorrent hears of it as one ip filter.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class PeerFilter:
             self._apply()
 
     def held_off(self, address: str) -> bool:
+        # Read without the lock (the alert thread asks, for every refused peer): a list of
+        # the values is a snapshot, and a frozenset is never changed in place.
         return any(address in held for held in list(self._held_off.values()))
 
     def _apply(self) -> None:

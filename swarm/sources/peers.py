@@ -82,7 +82,7 @@ class TorrentSession:
         filter (:meth:`admit_only`) refused: a node this one does not know as a member
         (yet: a new one; or no longer; or never)."""
         self._listen_port = 0
-        self.peer_filter = PeerFilter(self.session)
+        self._peer_filter = PeerFilter(self.session)
         self._lock = threading.Lock()
         self._tunings: list[Mapping[str, int | bool]] = []  # held by tuned(), oldest first
         self._own_settings: dict[str, int | bool] = {}  # before any tuning, of keys tuned
@@ -314,14 +314,14 @@ class TorrentSession:
 
     def admit_only(self, addresses: list[str]) -> None:
         """:meth:`PeerFilter.admit_only`: peers to and from ``addresses`` only."""
-        self.peer_filter.admit_only(addresses)
+        self._peer_filter.admit_only(addresses)
 
     def hold_off(self, info_hash: str, addresses: Iterable[str]) -> None:
         """:meth:`PeerFilter.hold_off`: no peers to and from ``addresses`` meanwhile."""
-        self.peer_filter.hold_off(info_hash, addresses)
+        self._peer_filter.hold_off(info_hash, addresses)
 
     def held_off(self, address: str) -> bool:
-        return self.peer_filter.held_off(address)
+        return self._peer_filter.held_off(address)
 
     def dial(self, info_hash: str, addresses: tuple[tuple[str, int], ...]) -> None:
         """Connect ``info_hash``'s torrent to these peers now (libtorrent skips those it

@@ -277,6 +277,9 @@ class ClientSession:
         if not pieces:
             self._finish()
             return
+        # PROBING is entered here only, once, with the intake just made: the intake's
+        # latch (on_path_proven once) relies on it; a path probed again would need a
+        # fresh intake.
         self.state = ClientState.PROBING
         self._next_probe = 0.0  # once more now: an early probe may have been lost
         early, self._early = self._early, []
