@@ -170,7 +170,7 @@ class Daemon:
         """Seed again everything held before a restart (resume data spares a re-download;
         after an unclean stop, ``clean`` False, the data files are hashed instead): the
         records :func:`.restore.held_records` finds still backed by their data."""
-        for held in held_records(self.home, lambda: self.session.resume_dir):
+        for held in held_records(self.home, self.session.remove):
             manifest = held.manifest
             # An unfinished fetch may hold pieces the S3 reader wrote itself (direct.py),
             # which libtorrent's resume data does not list: have it check the file.

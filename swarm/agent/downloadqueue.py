@@ -7,17 +7,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
-from swarm.agent.stuck import BLOCK_WRITING
+from swarm.sources.torrentstate import BLOCK_FINISHED, BLOCK_WRITING
 
 IN_FLIGHT_TTL = 1.0
 """Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate
 piece, which libtorrent drops)."""
-
-BLOCK_FINISHED: Final = 3
-"""``block_info.state`` in ``get_download_queue`` once the block is written
-(0 none, 1 requested, 2 writing, 3 finished)."""
 
 
 def queued(queue: list[dict[str, Any]]) -> set[int]:

@@ -60,11 +60,11 @@ class HeldRecord:
     """The whole file matched the manifest before the stop (else a fetch was under way)."""
 
 
-def held_records(home: Path, resume_dir: Callable[[], Path]) -> Iterator[HeldRecord]:
+def held_records(home: Path, forget_resume: Callable[[str], None]) -> Iterator[HeldRecord]:
     """The artifacts held before a restart whose data is still there. A record that does
-    not load is skipped; one whose file was replaced while the daemon was stopped, or
-    whose data is gone, is forgotten (with its resume data, under ``resume_dir()``), not
-    advertised."""
+    not load is skipped; one whose file was replaced while the daemon was stopped is
+    forgotten, and one whose data is gone with its resume data too (``forget_resume``,
+    by info-hash): neither is advertised."""
     for path in sorted((home / "artifacts").glob("*.swarm")):
         try:
             manifest = Manifest.loads(path.read_bytes(), origin=str(path))
@@ -84,6 +84,6 @@ def held_records(home: Path, resume_dir: Callable[[], Path]) -> Iterator[HeldRec
         if not data_path.exists():
             log.warning("not seeding %s: its data %s is gone", manifest.name, data_path)
             registry.forget_record(home, manifest.info_hash)
-            resume_dir().joinpath(f"{manifest.info_hash}.resume").unlink(missing_ok=True)
+            forget_resume(manifest.info_hash)
             continue
         yield HeldRecord(manifest, data_path, dest, verified)

@@ -15,14 +15,12 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from swarm.sources.torrentstate import BLOCK_WRITING
+
 STUCK_AFTER = 10.0
 """Seconds a piece may have every block written or writing without libtorrent keeping
 it. A write and a SHA-1 take milliseconds; even a CPU-starved node does both well
 within this."""
-
-BLOCK_WRITING = 2
-"""``block_info.state`` in ``get_download_queue``: 0 none, 1 requested, 2 writing,
-3 finished."""
 
 
 class StuckPieces:

@@ -38,11 +38,11 @@ from typing import Any, Final
 
 import libtorrent as lt
 
+from swarm.sources.torrentstate import BLOCK_WRITING
+
 log = logging.getLogger("swarm.trace.peers")
 
 TRACE_ENV: Final = "SWARM_TRACE_PEERS"
-BLOCK_IN: Final = 2
-"""``block_info.state`` from which a block has come in (2 writing, 3 finished)."""
 TRACE_INTERVAL: Final = 1.0
 """Seconds between two lines of one torrent."""
 
@@ -88,7 +88,9 @@ def describe(handle: Any) -> str:
     status = handle.status()
     mine = status.pieces
     queue = handle.get_download_queue()
-    received = sum(1 for piece in queue for block in piece["blocks"] if block["state"] >= BLOCK_IN)
+    received = sum(
+        1 for piece in queue for block in piece["blocks"] if block["state"] >= BLOCK_WRITING
+    )
     parts = [
         f"held {status.num_pieces}/{len(mine)} down {status.download_payload_rate / 1e3:.0f} "
         f"up {status.upload_payload_rate / 1e3:.0f} kB/s peers' payload "

@@ -265,7 +265,10 @@ def test_daemon_restore_refuses_unsafe_manifests_before_adding(tmp_path: Path) -
 
     # restore() without a libtorrent session: only its loading and refusing is under test.
     fake = SimpleNamespace(
-        home=home, _add=add, completion=SimpleNamespace(start=lambda _artifact: None)
+        home=home,
+        _add=add,
+        completion=SimpleNamespace(start=lambda _artifact: None),
+        session=SimpleNamespace(remove=lambda _info_hash: None),
     )
     Daemon.restore(fake)  # type: ignore[arg-type]
 
