@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from swarm.sources.torrentstate import BLOCK_FINISHED, BLOCK_WRITING
+from swarm.sources.blocks import BLOCK_FINISHED, BLOCK_WRITING
 
 IN_FLIGHT_TTL = 1.0
 """Seconds an :class:`InFlight` answer is reused (a stale one costs at most a duplicate

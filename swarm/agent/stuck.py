@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from swarm.sources.torrentstate import BLOCK_WRITING
+from swarm.sources.blocks import BLOCK_WRITING
 
 STUCK_AFTER = 10.0
 """Seconds a piece may have every block written or writing without libtorrent keeping

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import libtorrent as lt
 
-from swarm.sources.torrentstate import BLOCK_WRITING
+from swarm.sources.blocks import BLOCK_WRITING
 
 log = logging.getLogger("swarm.trace.peers")
 

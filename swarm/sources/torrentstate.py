@@ -8,18 +8,11 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import libtorrent as lt
 
 from swarm.sources.priorities import PiecePriorities
-
-# ``block_info.state`` in ``get_download_queue``: 0 none, 1 requested, 2 writing,
-# 3 finished (the binding has no names for them)
-BLOCK_WRITING: Final = 2
-"""From this state on a block has come in from its peer (being written, or written)."""
-BLOCK_FINISHED: Final = 3
-"""The block is written to the data file."""
 
 CHECKING = frozenset(
     {lt.torrent_status.states.checking_files, lt.torrent_status.states.checking_resume_data}
