@@ -148,12 +148,19 @@ def daemon(
     udp_port: int,
     upload_limit: int,
 ) -> None:
-    """Run the node daemon in the foreground (for systemd): fetch and keep seeding."""
+    """Run the node daemon in the foreground (for systemd): fetch and keep seeding.
+
+    SIGTERM stops it (resume data saved); SIGUSR1 writes every thread's stack to its
+    log (daemon.log in SWARM_HOME when `swarm fetch` started it) and it goes on."""
     import asyncio
     import faulthandler
     import gc
+    import signal
 
     faulthandler.enable()  # a crash in libtorrent's native code leaves its stack in the log
+    # `kill -USR1 <pid in daemon.pid>`: every thread's stack into the log, the daemon going
+    # on (what a wedged daemon waits on; the fleet harness asks for it on a timeout)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Its imports (botocore, libtorrent, the UDP package: ~0.4 CPU-s) allocate objects that live
     # as long as the process; collecting during them only re-scans them. Freeze them out
     # of later collections too.

@@ -44,7 +44,7 @@ from swarm.lab.fleetdata import FleetConfig, NodeResult, SystemResult
 from swarm.lab.jobs import CpuSampler, FleetError, Job, wait_jobs
 from swarm.lab.linkuse import LinkSampler, LinkUse, link_use, save_samples
 from swarm.lab.netlab import Host, Lab, LabError, lab_unavailable
-from swarm.lab.procs import cpu_seconds
+from swarm.lab.procs import cpu_seconds, daemon_pid
 from swarm.lab.s3 import S3Error, S3Server, publish
 from swarm.lab.systems import SEEDER_TIMEOUT, System, base_name, system
 from swarm.lab.wan import Shape, Wan, split_regions
@@ -302,7 +302,10 @@ class Fleet:
                             done_on_exit=sys_.done_on_exit,
                         )
                     )
-                wait_jobs(jobs, config.timeout(), name)
+                try:
+                    wait_jobs(jobs, config.timeout(), name)
+                except FleetError as error:  # what a wedged node waits on
+                    raise FleetError(f"{error}{self._dump_stacks(root, jobs)}") from None
             all_done = max(j.seconds for j in jobs)
             use = self._link_use(links, started, all_done)
             if self.keep:  # for bench/timeline.py
@@ -392,12 +395,41 @@ class Fleet:
         wait_jobs(jobs, SEEDER_TIMEOUT, f"{sys_.name} seeders")
         log(f"{sys_.name}: {len(jobs)} seeders ready")
 
+    def _dump_stacks(self, root: Path, jobs: list[Job]) -> str:
+        """Have every node's daemon write its threads' stacks to its log (SIGUSR1:
+        faulthandler, at once); the stacks of the clients not done yet (py-spy, where
+        installed), for the error to say."""
+        for host in self.node_hosts:
+            pid = daemon_pid(root / host.name / "home")
+            if pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGUSR1)
+        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which(
+            "py-spy"
+        )
+        if spy is None:
+            return ""
+        stacks = []
+        for job in jobs:
+            if job.settled.is_set():
+                continue
+            try:
+                done = subprocess.run(
+                    [spy, "dump", "--pid", str(job.process.pid)],
+                    capture_output=True, text=True, timeout=20, check=False,
+                )  # fmt: skip
+                stacks.append(f"{job.name}'s client: {(done.stdout or done.stderr).strip()}")
+            except subprocess.TimeoutExpired:
+                stacks.append(f"{job.name}'s client: py-spy did not answer")
+        return "\n" + "\n".join(stacks)
+
     def _stop_nodes(self, root: Path) -> None:
         """Kill every client and daemon of this system (daemons by their pid file first)."""
         for host in self.seeder_hosts + self.node_hosts:
-            pid_file = root / host.name / "home" / "daemon.pid"
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            pid = daemon_pid(root / host.name / "home")
+            if pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
         self.lab.stop_processes([h.netns for h in self.seeder_hosts + self.node_hosts])
 
 

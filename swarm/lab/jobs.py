@@ -107,6 +107,11 @@ class Job:
         assert self.done_at is not None
         return self.done_at - self.started
 
+    def last_said(self) -> str:
+        """The client's last line of output (its last progress event), shortened."""
+        last = self.tail[-1] if self.tail else "(nothing)"
+        return last if len(last) <= 300 else last[:300] + "..."
+
     def describe_failure(self) -> str:
         stderr = ""
         with contextlib.suppress(OSError):
@@ -123,8 +128,14 @@ def wait_jobs(jobs: list[Job], timeout: float, what: str) -> None:
         job = pending[0]
         if not job.settled.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
-                left = ", ".join(j.name for j in pending)
-                raise FleetError(f"{what}: timed out after {timeout:.0f}s; not done: {left}")
+                # (pending is popped in order: those after the first may be done)
+                late = [j for j in pending if not j.settled.is_set()]
+                left = ", ".join(j.name for j in late)
+                said = "; ".join(f"{j.name}: {j.last_said()}" for j in late)
+                raise FleetError(
+                    f"{what}: timed out after {timeout:.0f}s; not done: {left} (their last "
+                    f"output: {said})"
+                )
             # check the others for an early failure meanwhile
             for other in pending:
                 if other.settled.is_set() and other.error:

@@ -154,6 +154,25 @@ def _daemon_log(node_dir: Path) -> str:
         return f"(no daemon log: {error.strerror})"
 
 
+def _log_excerpt(text: str) -> list[str]:
+    """What a failed run's daemon log says: its last lines above DEBUG, and before them its
+    last few multi-line entries (an exception's traceback, the threads' stacks the harness
+    has a daemon write on a timeout), which the last lines alone cut off."""
+    entries: list[list[str]] = []
+    for line in text.splitlines():
+        # a log record starts with its date; faulthandler's dump with a thread, the
+        # threads after the first one following a blank line
+        dump = line.startswith(("Thread 0x", "Current thread 0x"))
+        if line[:2] == "20" or not entries or (dump and entries[-1][-1] != ""):
+            entries.append([line])
+        else:
+            entries[-1].append(line)
+    entries = [e for e in entries if " DEBUG " not in e[0]]
+    tail = entries[-12:]
+    long = [e for e in entries[:-12] if len(e) > 1][-3:]
+    return [line for entry in long + tail for line in entry]
+
+
 def _attempt(config: FleetConfig) -> _Attempt:
     with started_fleet(config, lab_name="sl") as fleet:
         fleet.keep = True  # the coordinator's view every 0.5 s (fleet-trace.jsonl)
@@ -184,8 +203,7 @@ def _attempt(config: FleetConfig) -> _Attempt:
         handed = sum("handed to libtorrent" in text for text in logs.values())
         tails: dict[str, list[str]] = {}
         if "error" in outcome:  # the work directory goes with the fleet: say what it held
-            for name, text in logs.items():
-                tails[name] = [x for x in text.splitlines() if " DEBUG " not in x][-12:]
+            tails = {name: _log_excerpt(text) for name, text in logs.items()}
         return _Attempt(outcome, at_all, throttled_at, _records(trace), handed, tails)
 
 

@@ -4,8 +4,11 @@ how it ends (its own code and output, without tearing down what it shares with i
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +86,26 @@ def test_a_fetch_that_forked_its_daemon_exits_with_its_code_and_all_its_output(
     assert json.loads(out.splitlines()[-1])["event"] == "error"
     assert "ghost.db" in err and not (tmp_path / "ghost.db").exists()
     assert node.daemon_pid() is not None
+
+
+def test_sigusr1_writes_a_forked_daemons_stacks_to_its_log_and_it_goes_on(
+    fleet: Swarm, tmp_path: Path
+) -> None:
+    # What a wedged daemon waits on, without stopping it (the fleet harness asks for it
+    # when a run times out).
+    node = fleet.node(0)
+    assert _fork_and_wait(node)["alive"] is True
+    pid = node.daemon_pid()
+    assert pid is not None
+    log = node.home / "daemon.log"
+    before = log.stat().st_size
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    dumped = ""
+    while "Thread 0x" not in dumped and time.monotonic() < deadline:
+        time.sleep(0.05)  # faulthandler writes from the signal handler: a moment
+        dumped = log.read_bytes()[before:].decode(errors="replace")
+    assert "Current thread 0x" in dumped or "Thread 0x" in dumped, dumped
+    assert "swarm/agent/serve.py" in dumped or "asyncio" in dumped, dumped  # the loop's
+    done = done_event(node.fetch("index.db", tmp_path / "index.db"), 60)
+    assert done["sha256"] and node.daemon_pid() == pid  # the same daemon answered
