@@ -412,22 +412,33 @@ def read_origin(
                 kind = BatchKind.WIDE if local.state.mode == "wide" else BatchKind.STRIPE
                 batch = Batch(kind, pieces)
             artifact.plan_updated.clear()
+            all_from_s3 = plan is not None and not s3_only and batch.kind is BatchKind.ALL
+            if upload_only and not all_from_s3:
+                # ALL taken back (or its plan gone stale): peers feed this node again and
+                # get what it read under ALL, whether or not S3 has a batch for it now.
+                # Done only with a batch, it never was when the stripe that followed gave
+                # S3 nothing (every missing piece held by some node, which libtorrent did
+                # not know): the whole fleet, upload-only, waited on itself for good.
+                session.upload_only(manifest.info_hash, False)
+                upload_only = False
+                shared = artifact.direct.share() if artifact.direct is not None else 0
+                log.info("plan left ALL: peers feed this node again; %d pieces read from S3 "
+                         "handed to libtorrent", shared)  # fmt: skip
             if not batch.pieces:
                 artifact.plan_updated.wait(0.25)
                 continue
-            if plan is not None and not s3_only:
+            if all_from_s3:
                 # the coordinator's ALL: S3 feeds this node at link speed; peers only take
                 # from it (they get what libtorrent holds), and nothing comes twice. Set
                 # before waiting on libtorrent's check below, which can take a while.
-                all_from_s3 = batch.kind is BatchKind.ALL
-                if all_from_s3 != upload_only:
+                if not upload_only:
                     queue = handle.get_download_queue() if all_from_s3 else []
                     finishing = partly_received(queue)
                     landing = queued(queue) - finishing
                     landing_until = now + LANDING_SECONDS
                     peers_finish_until = now + PEERS_FINISH_SECONDS
-                    session.upload_only(manifest.info_hash, all_from_s3, finishing)
-                    upload_only = all_from_s3
+                    session.upload_only(manifest.info_hash, True, finishing)
+                    upload_only = True
                     if finishing:
                         log.info("plan is ALL: %d pieces peers partly sent left to them for "
                                  "%.0f s", len(finishing), PEERS_FINISH_SECONDS)  # fmt: skip

@@ -168,8 +168,8 @@ def _log_excerpt(text: str) -> list[str]:
         else:
             entries[-1].append(line)
     entries = [e for e in entries if " DEBUG " not in e[0]]
-    tail = entries[-12:]
-    long = [e for e in entries[:-12] if len(e) > 1][-3:]
+    tail = entries[-25:]
+    long = [e for e in entries[:-25] if len(e) > 1][-3:]
     return [line for entry in long + tail for line in entry]
 
 

@@ -322,3 +322,51 @@ def test_a_wide_batch_stops_once_the_plan_narrows_after_s3_fell_behind(
         assert not artifact.complete_on_disk()  # it did stop, not finish
     finally:
         daemon.close()
+
+
+def test_a_node_leaves_upload_only_when_all_is_taken_back_for_a_stripe_with_nothing_to_read(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> None:
+    # Under ALL a node reads from S3 past libtorrent, upload-only. The coordinator takes
+    # ALL back for a stripe that gives this node nothing to read (every piece it lacks is
+    # held by a peer): it must take from peers again and hand them what it read. It left
+    # upload-only only with a batch to read, so it never did: the CI runs of
+    # tests/fleet/test_s3_slows.py that timed out had all four nodes upload-only, every
+    # piece held by one of them, and nobody reading anything for 200 s.
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    holder = TorrentSession("127.0.0.2", 0, tmp_path / "holder")
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    try:
+        holder.add(manifest, tmp_path / "a.bin", [], seed_mode=True)
+        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=128 << 10)) as proxy:
+            dest = tmp_path / "data" / "a.bin"
+            artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
+            artifact.client = S3Client(proxy.url)
+            ih = manifest.info_hash
+            daemon.take_plans({ih: {"stripe": [], "mode": "all"}}, interval=60)
+            reader = start_reader(daemon, artifact)
+            state = daemon.session.torrents[ih]
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (
+                artifact.direct is None or len(artifact.direct.held()) < 2
+            ):
+                time.sleep(0.05)  # 2 s a piece at the throttle
+            assert artifact.direct is not None and len(artifact.direct.held()) >= 2
+            assert state.priorities.peers_finish is not None  # upload-only
+            while not state.handle.get_peer_info() and time.monotonic() < deadline:
+                daemon.session.dial(ih, (("127.0.0.2", holder.listen_port),))
+                time.sleep(0.1)
+            assert state.handle.get_peer_info(), "the holder never connected"
+            read_under_all = set(artifact.direct.held())
+            daemon.take_plans({ih: {"stripe": [], "mode": "stripe"}}, interval=60)
+            reader.join(30)
+            assert not reader.is_alive(), "the node stayed upload-only with nothing to read"
+        assert artifact.complete_on_disk()
+        assert hashlib.sha256(dest.read_bytes()).hexdigest() == manifest.sha256
+        assert state.priorities.peers_finish is None
+        assert read_under_all <= state.held  # handed to libtorrent, not fetched again
+        from_s3 = artifact.sink.bytes_by_source.get("s3", 0)
+        assert from_s3 < PIECES * PIECE // 2, from_s3  # the rest came from the holder
+    finally:
+        daemon.close()
+        holder.close()
