@@ -178,6 +178,17 @@ def read_origin(
         if on_retry is not None:
             on_retry(reason)
 
+    def leave_all() -> None:
+        """ALL is over here: peers feed this node again and get what it read under ALL.
+        Done only with a batch to read, it never was after a stripe that gave S3 nothing
+        (all missing pieces held by nodes upload-only): the fleet waited on itself."""
+        nonlocal upload_only
+        session.upload_only(manifest.info_hash, False)
+        upload_only = False
+        shared = artifact.direct.share() if artifact.direct is not None else 0
+        log.info("ALL is over here: peers feed this node again; %d pieces read from S3 "
+                 "handed to libtorrent", shared)  # fmt: skip
+
     def fresh_plan() -> OriginPlan | None:
         fresh = time.monotonic() - artifact.plan_at < artifact.plan_ttl
         return artifact.plan if fresh else None
@@ -346,6 +357,8 @@ def read_origin(
                 # among the region's nodes; S3's reads across the WAN are not dealt, take
                 # the downlink the region's exchange needs, and come slowly over a lossy
                 # path (see swarm.agent.udpauto.FIND_HOLDER_SECONDS)
+                if upload_only:
+                    leave_all()
                 state.finished.wait(0.1)
                 continue
             now = time.monotonic()
@@ -414,16 +427,8 @@ def read_origin(
             artifact.plan_updated.clear()
             all_from_s3 = plan is not None and not s3_only and batch.kind is BatchKind.ALL
             if upload_only and not all_from_s3:
-                # ALL taken back (or its plan gone stale): peers feed this node again and
-                # get what it read under ALL, whether or not S3 has a batch for it now.
-                # Done only with a batch, it never was when the stripe that followed gave
-                # S3 nothing (every missing piece held by some node, which libtorrent did
-                # not know): the whole fleet, upload-only, waited on itself for good.
-                session.upload_only(manifest.info_hash, False)
-                upload_only = False
-                shared = artifact.direct.share() if artifact.direct is not None else 0
-                log.info("plan left ALL: peers feed this node again; %d pieces read from S3 "
-                         "handed to libtorrent", shared)  # fmt: skip
+                # whether or not S3 has a batch for this node now: see leave_all
+                leave_all()
             if not batch.pieces:
                 artifact.plan_updated.wait(0.25)
                 continue
