@@ -29,6 +29,7 @@ from swarm.batch import (
     all_missing,
     kept_from_peers,
     planned_batch,
+    tail_from_s3,
 )
 from swarm.messages import OriginPlan
 from swarm.policy import Mode
@@ -66,7 +67,7 @@ PEERS_FINISH_SECONDS = 2.0
 """When the plan goes ALL, the pieces peers had partly sent are left to libtorrent to
 complete for this long (:meth:`PiecePriorities.upload_only`'s ``finishing``); S3 reads
 everything else first, and whatever of them is still missing after it, or once it has
-nothing else to read."""
+nothing else to read. Not in the fetch's tail (:func:`swarm.batch.tail_from_s3`)."""
 
 LANDING_SECONDS = 0.5
 """When the plan goes ALL, the blocks peers had already sent of the pieces libtorrent had
@@ -437,7 +438,11 @@ def read_origin(
                 # from it (they get what libtorrent holds), and nothing comes twice. Set
                 # before waiting on libtorrent's check below, which can take a while.
                 if not upload_only:
-                    queue = handle.get_download_queue() if all_from_s3 else []
+                    s3_rate = (plan.s3_estimate or 0.0) if plan is not None else 0.0
+                    peers_rate = float(status.download_payload_rate) if status else 0.0
+                    tail = tail_from_s3(len(missing) * manifest.piece_size, s3_rate,
+                                        peers_rate, LANDING_SECONDS)  # fmt: skip
+                    queue = [] if tail else handle.get_download_queue()  # (nothing left)
                     finishing = partly_received(queue)
                     landing = queued(queue) - finishing
                     landing_until = now + LANDING_SECONDS

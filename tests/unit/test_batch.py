@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from swarm.batch import TAIL_FILL_PIECES, Batch, BatchKind, kept_from_peers, planned_batch
+from swarm.batch import (
+    TAIL_FILL_PIECES,
+    Batch,
+    BatchKind,
+    kept_from_peers,
+    planned_batch,
+    tail_from_s3,
+)
 from swarm.messages import OriginPlan
 
 MISSING = list(range(10))
@@ -96,3 +103,12 @@ def test_the_tail_fills_every_missing_piece_peers_hold_at_once() -> None:
     assert batch.kind is BatchKind.FILL and batch.pieces == [2, 8, 3]
     many = list(range(TAIL_FILL_PIECES + 1))
     assert len(planned_batch(fill, many, set(), [1] * len(many), set(), 0).pieces) == 1
+
+
+def test_the_tail_is_left_to_s3_only_where_it_is_quick_and_peers_are_slower() -> None:
+    mib = 1 << 20
+    # 15 MiB missing, S3 at 40 MB/s for this node: 0.39 s; peers give it 3 MB/s
+    assert tail_from_s3(15 * mib, 40e6, 3e6, within=0.5)
+    assert not tail_from_s3(30 * mib, 40e6, 3e6, within=0.5)  # not the tail yet
+    assert not tail_from_s3(15 * mib, 40e6, 45e6, within=0.5)  # peers are faster
+    assert not tail_from_s3(mib, 0.0, 0.0, within=0.5)  # no S3 estimate: never
