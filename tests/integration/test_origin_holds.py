@@ -5,10 +5,11 @@ leaves peers the pieces they had partly sent only while it has others to read.""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import libtorrent as lt
@@ -126,6 +127,36 @@ def reader_under_all(
     return manifest, Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
 
 
+@contextlib.contextmanager
+def on_a_slow_s3_beside_a_holder(
+    env: dict[str, str], bucket: str, tmp_path: Path
+) -> Iterator[tuple[Manifest, Daemon, Artifact, TorrentSession]]:
+    """An artifact added to a daemon whose S3 gives 128 KB/s (the origin throttled: 2 s a
+    piece), its file at ``tmp_path/data/a.bin``, and a peer that holds all of it (see
+    :func:`dial`)."""
+    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
+    holder = TorrentSession("127.0.0.2", 0, tmp_path / "holder")
+    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
+    try:
+        holder.add(manifest, tmp_path / "a.bin", [], seed_mode=True)
+        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=128 << 10)) as proxy:
+            artifact = daemon._add(manifest, tmp_path / "data" / "a.bin", None, {"peers", "s3"})
+            artifact.client = S3Client(proxy.url)
+            yield manifest, daemon, artifact, holder
+    finally:
+        daemon.close()
+        holder.close()
+
+
+def dial(daemon: Daemon, info_hash: str, holder: TorrentSession, deadline: float) -> None:
+    """Have the daemon connect to ``holder`` (by ``deadline``, a monotonic time)."""
+    state = daemon.session.torrents[info_hash]
+    while not state.handle.get_peer_info() and time.monotonic() < deadline:
+        daemon.session.dial(info_hash, (("127.0.0.2", holder.listen_port),))
+        time.sleep(0.1)
+    assert state.handle.get_peer_info(), "the holder never connected"
+
+
 def test_under_all_the_pieces_left_to_peers_are_read_once_nothing_else_is(
     env: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,38 +261,25 @@ def test_a_direct_share_held_for_a_slow_s3_is_given_back_to_peers(
     # peer holding all of it is connected. The reader gives the pieces back to peers
     # once S3 falls behind the plan (swarm.agent.holdwatch); before that change it read
     # every piece from the throttled S3.
-    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
-    holder = TorrentSession("127.0.0.2", 0, tmp_path / "holder")
-    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
-    try:
-        holder.add(manifest, tmp_path / "a.bin", [], seed_mode=True)
-        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=128 << 10)) as proxy:
-            dest = tmp_path / "data" / "a.bin"
-            artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
-            artifact.client = S3Client(proxy.url)
-            plan = {"stripe": [], "mode": "stripe", "direct": 1.0, "s3_estimate": 20e6}
-            daemon.take_plans({manifest.info_hash: plan}, interval=60)
-            started = time.monotonic()
-            reader = start_reader(daemon, artifact)
-            state = daemon.session.torrents[manifest.info_hash]
-            deadline = time.monotonic() + 10
-            while not state.priorities.held_for_s3 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert state.priorities.held_for_s3, "the reader held nothing back"  # its direct share
-            while not state.handle.get_peer_info() and time.monotonic() < deadline:
-                daemon.session.dial(manifest.info_hash, (("127.0.0.2", holder.listen_port),))
-                time.sleep(0.1)
-            assert state.handle.get_peer_info(), "the holder never connected"
-            reader.join(20)
-            took = time.monotonic() - started
-            assert not reader.is_alive(), "the pieces waited on the throttled S3"
+    with on_a_slow_s3_beside_a_holder(env, bucket, tmp_path) as setup:
+        manifest, daemon, artifact, holder = setup
+        plan = {"stripe": [], "mode": "stripe", "direct": 1.0, "s3_estimate": 20e6}
+        daemon.take_plans({manifest.info_hash: plan}, interval=60)
+        started = time.monotonic()
+        reader = start_reader(daemon, artifact)
+        state = daemon.session.torrents[manifest.info_hash]
+        deadline = time.monotonic() + 10
+        while not state.priorities.held_for_s3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert state.priorities.held_for_s3, "the reader held nothing back"  # its direct share
+        dial(daemon, manifest.info_hash, holder, deadline)
+        reader.join(20)
+        took = time.monotonic() - started
+        assert not reader.is_alive(), "the pieces waited on the throttled S3"
         assert artifact.complete_on_disk()
-        assert hashlib.sha256(dest.read_bytes()).hexdigest() == manifest.sha256
+        assert hashlib.sha256(artifact.data_path.read_bytes()).hexdigest() == manifest.sha256
         from_s3 = artifact.sink.bytes_by_source.get("s3", 0)
         assert from_s3 <= PIECES * PIECE // 2, (took, from_s3)  # the rest came from the peer
-    finally:
-        daemon.close()
-        holder.close()
 
 
 def test_a_direct_share_is_held_a_few_seconds_of_s3_at_a_time(
@@ -333,40 +351,27 @@ def test_a_node_leaves_upload_only_when_all_is_taken_back_for_a_stripe_with_noth
     # upload-only only with a batch to read, so it never did: the CI runs of
     # tests/fleet/test_s3_slows.py that timed out had all four nodes upload-only, every
     # piece held by one of them, and nobody reading anything for 200 s.
-    manifest = put_artifact(env, bucket, tmp_path, PIECES * PIECE, PIECE)
-    holder = TorrentSession("127.0.0.2", 0, tmp_path / "holder")
-    daemon = Daemon(Settings(home=tmp_path / "home"), "127.0.0.1", free_port())
-    try:
-        holder.add(manifest, tmp_path / "a.bin", [], seed_mode=True)
-        with FaultProxy(env["AWS_ENDPOINT_URL"], Faults(throttle_bps=128 << 10)) as proxy:
-            dest = tmp_path / "data" / "a.bin"
-            artifact = daemon._add(manifest, dest, None, {"peers", "s3"})
-            artifact.client = S3Client(proxy.url)
-            ih = manifest.info_hash
-            daemon.take_plans({ih: {"stripe": [], "mode": "all"}}, interval=60)
-            reader = start_reader(daemon, artifact)
-            state = daemon.session.torrents[ih]
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and (
-                artifact.direct is None or len(artifact.direct.held()) < 2
-            ):
-                time.sleep(0.05)  # 2 s a piece at the throttle
-            assert artifact.direct is not None and len(artifact.direct.held()) >= 2
-            assert state.priorities.peers_finish is not None  # upload-only
-            while not state.handle.get_peer_info() and time.monotonic() < deadline:
-                daemon.session.dial(ih, (("127.0.0.2", holder.listen_port),))
-                time.sleep(0.1)
-            assert state.handle.get_peer_info(), "the holder never connected"
-            read_under_all = set(artifact.direct.held())
-            daemon.take_plans({ih: {"stripe": [], "mode": "stripe"}}, interval=60)
-            reader.join(30)
-            assert not reader.is_alive(), "the node stayed upload-only with nothing to read"
+    with on_a_slow_s3_beside_a_holder(env, bucket, tmp_path) as setup:
+        manifest, daemon, artifact, holder = setup
+        ih = manifest.info_hash
+        daemon.take_plans({ih: {"stripe": [], "mode": "all"}}, interval=60)
+        reader = start_reader(daemon, artifact)
+        state = daemon.session.torrents[ih]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (
+            artifact.direct is None or len(artifact.direct.held()) < 2
+        ):
+            time.sleep(0.05)  # 2 s a piece at the throttle
+        assert artifact.direct is not None and len(artifact.direct.held()) >= 2
+        assert state.priorities.peers_finish is not None  # upload-only
+        dial(daemon, ih, holder, deadline)
+        read_under_all = set(artifact.direct.held())
+        daemon.take_plans({ih: {"stripe": [], "mode": "stripe"}}, interval=60)
+        reader.join(30)
+        assert not reader.is_alive(), "the node stayed upload-only with nothing to read"
         assert artifact.complete_on_disk()
-        assert hashlib.sha256(dest.read_bytes()).hexdigest() == manifest.sha256
+        assert hashlib.sha256(artifact.data_path.read_bytes()).hexdigest() == manifest.sha256
         assert state.priorities.peers_finish is None
         assert read_under_all <= state.held  # handed to libtorrent, not fetched again
         from_s3 = artifact.sink.bytes_by_source.get("s3", 0)
         assert from_s3 < PIECES * PIECE // 2, from_s3  # the rest came from the holder
-    finally:
-        daemon.close()
-        holder.close()
