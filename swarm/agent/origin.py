@@ -442,7 +442,7 @@ def read_origin(
                     peers_rate = float(status.download_payload_rate) if status else 0.0
                     tail = tail_from_s3(len(missing) * manifest.piece_size, s3_rate,
                                         peers_rate, LANDING_SECONDS)  # fmt: skip
-                    queue = [] if tail else handle.get_download_queue()  # (nothing left)
+                    queue = [] if tail else handle.get_download_queue()  # tail: none left
                     finishing = partly_received(queue)
                     landing = queued(queue) - finishing
                     landing_until = now + LANDING_SECONDS
