@@ -180,15 +180,18 @@ def read_origin(
             on_retry(reason)
 
     def leave_all() -> None:
-        """ALL is over here: peers feed this node again and get what it read under ALL.
-        Done only with a batch to read, it never was after a stripe that gave S3 nothing
-        (all missing pieces held by nodes upload-only): the fleet waited on itself."""
+        """ALL is over here: peers feed this node again and get what it read under ALL
+        (libtorrent, which knew none of it, does not fetch it again). Done only with a
+        batch to read, it never was after a stripe that gave S3 nothing (all missing
+        pieces held by nodes upload-only): the fleet waited on itself."""
         nonlocal upload_only
-        session.upload_only(manifest.info_hash, False)
-        upload_only = False
+        was_upload_only, upload_only = upload_only, False
+        if was_upload_only:
+            session.upload_only(manifest.info_hash, False)
         shared = artifact.direct.share() if artifact.direct is not None else 0
-        log.info("ALL is over here: peers feed this node again; %d pieces read from S3 "
-                 "handed to libtorrent", shared)  # fmt: skip
+        if was_upload_only or shared:
+            log.info("ALL is over here: peers feed this node again; %d pieces read from "
+                     "S3 handed to libtorrent", shared)  # fmt: skip
 
     def fresh_plan() -> OriginPlan | None:
         fresh = time.monotonic() - artifact.plan_at < artifact.plan_ttl
@@ -427,8 +430,10 @@ def read_origin(
                 batch = Batch(kind, pieces)
             artifact.plan_updated.clear()
             all_from_s3 = plan is not None and not s3_only and batch.kind is BatchKind.ALL
-            if upload_only and not all_from_s3:
-                # whether or not S3 has a batch for this node now: see leave_all
+            # whether or not S3 has a batch for this node now (see leave_all); also once
+            # S3 faltered under ALL (``retrying`` ended upload-only, nothing was shared)
+            left_all = planned and batch.kind is not BatchKind.ALL and artifact.direct is not None
+            if (upload_only and not all_from_s3) or left_all:
                 leave_all()
             if not batch.pieces:
                 artifact.plan_updated.wait(0.25)
@@ -482,13 +487,6 @@ def read_origin(
             if is_all and writing_directly(artifact, state) is None:
                 state.finished.wait(0.05)  # libtorrent is still looking at the file
                 continue
-            if planned and not is_all and artifact.direct is not None:
-                # The plan left ALL: peers can get what this node read under it, and
-                # libtorrent does not fetch it again (it knew none of it).
-                shared = artifact.direct.share()
-                if shared:
-                    log.info("plan left ALL: %d pieces read from S3 handed to libtorrent",
-                             shared)  # fmt: skip
             if (batch.kind, planned) != last_kind:
                 log.info("S3 reads: %s batches (%s), first of %d pieces with %d missing",
                          batch.kind.value, "plan" if planned else "own choice",
