@@ -430,10 +430,9 @@ def read_origin(
                 batch = Batch(kind, pieces)
             artifact.plan_updated.clear()
             all_from_s3 = plan is not None and not s3_only and batch.kind is BatchKind.ALL
-            # whether or not S3 has a batch for this node now (see leave_all); also once
-            # S3 faltered under ALL (``retrying`` ended upload-only, nothing was shared)
-            left_all = planned and batch.kind is not BatchKind.ALL and artifact.direct is not None
-            if (upload_only and not all_from_s3) or left_all:
+            # whether or not S3 has a batch for this node now (see leave_all); a planned
+            # batch also once S3 faltered under ALL (``retrying`` ended upload-only alone)
+            if not all_from_s3 and (upload_only or (planned and artifact.direct is not None)):
                 leave_all()
             if not batch.pieces:
                 artifact.plan_updated.wait(0.25)
@@ -443,7 +442,8 @@ def read_origin(
                 # from it (they get what libtorrent holds), and nothing comes twice. Set
                 # before waiting on libtorrent's check below, which can take a while.
                 if not upload_only:
-                    s3_rate = (plan.s3_estimate or 0.0) if plan is not None else 0.0
+                    assert plan is not None  # (all_from_s3)
+                    s3_rate = plan.s3_estimate or 0.0
                     peers_rate = float(status.download_payload_rate) if status else 0.0
                     tail = tail_from_s3(len(missing) * manifest.piece_size, s3_rate,
                                         peers_rate, LANDING_SECONDS)  # fmt: skip
